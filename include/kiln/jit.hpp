@@ -1,0 +1,47 @@
+// Controls of kiln's JIT and offline compilation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/registry.hpp"
+
+namespace kiln {
+
+// Where the run-time compiler runs.
+//   kWorkerProcess (default): in `kiln-compile-worker`, a small executable shipped with kiln,
+//     under a time limit. A compiler crash or hang becomes kiln::Error(kCompileFailed) and the
+//     calling process lives on. Costs one process start per compile (measured in README).
+//   kInProcess: NVRTC in the calling process. Faster, but a compiler crash takes the process
+//     down (NVRTC 13.0 segfaults on some inline-PTX inputs).
+// KILN_COMPILE_ISOLATION=process|inprocess, KILN_COMPILE_WORKER=PATH and
+// KILN_COMPILE_TIMEOUT_S=SECONDS set the same from the environment.
+enum class CompileIsolation { kWorkerProcess, kInProcess };
+
+struct JitSettings {
+  CompileIsolation isolation = CompileIsolation::kWorkerProcess;
+  std::string worker_path;        // empty: next to libkiln (../libexec/kiln/kiln-compile-worker)
+  double timeout_seconds = 300;   // worker only
+};
+
+JitSettings jit_settings();
+void set_jit_settings(const JitSettings& settings);
+
+struct CompiledKernel {
+  std::string kernel;          // registered kernel name
+  std::string signature;       // canonical
+  std::string target;          // "sm_90a"
+  std::string key;             // 32 hex digits (XXH3-128)
+  std::string name_expression;
+  std::string lowered_name;
+  std::string compiler;        // compiler identity
+  std::vector<uint8_t> binary; // CUBIN
+  double compile_ms = 0;
+};
+
+// Selects the kernel for `sig` on `target` (a name from known_targets()) and compiles it. Needs
+// no GPU and no driver: only the run-time compiler. Throws kiln::Error.
+CompiledKernel compile_for_target(const Signature& sig, const std::string& target);
+
+}  // namespace kiln

@@ -1,0 +1,115 @@
+/* kiln's C ABI: the operators, the registry and the selector for FFI users and plugins.
+ * Every function returns a kiln_status; on failure kiln_last_error() returns a message for the
+ * calling thread, valid until that thread's next kiln call. No C++ exception crosses this ABI.
+ * Semantics of each operator are documented in kiln/ops.hpp. */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KILN_API __declspec(dllexport)
+#else
+#define KILN_API __attribute__((visibility("default")))
+#endif
+
+typedef enum kiln_status {
+  KILN_OK = 0,
+  KILN_ERROR_INVALID_ARGUMENT = 1,
+  KILN_ERROR_UNSUPPORTED = 2,
+  KILN_ERROR_NO_KERNEL = 3,
+  KILN_ERROR_COMPILE_FAILED = 4,
+  KILN_ERROR_DRIVER = 5,
+  KILN_ERROR_CACHE = 6,
+  KILN_ERROR_PLUGIN = 7,
+  KILN_ERROR_INTERNAL = 8
+} kiln_status;
+
+typedef enum kiln_dtype {
+  KILN_BF16 = 1,
+  KILN_F16 = 2,
+  KILN_F32 = 3,
+  KILN_F8_E4M3 = 4,
+  KILN_F8_E5M2 = 5,
+  KILN_F4_E2M1X2 = 6, /* two fp4 values per byte; shapes count bytes */
+  KILN_E8M0 = 7,
+  KILN_I32 = 8,
+  KILN_I64 = 9
+} kiln_dtype;
+
+#define KILN_MAX_DIMS 6
+
+/* A non-owning view. Optional arguments are passed as NULL pointers. */
+typedef struct kiln_tensor {
+  void* data;
+  int32_t dtype; /* kiln_dtype */
+  int32_t ndim;
+  int64_t shape[KILN_MAX_DIMS];
+  int64_t strides[KILN_MAX_DIMS]; /* in elements */
+  int32_t device;                 /* GPU ordinal, or -1 for host memory */
+} kiln_tensor;
+
+typedef struct kiln_mha_prefill_args {
+  const kiln_tensor *q, *k, *v, *out, *cu_seqlens_q, *cu_seqlens_k;
+  int32_t max_seqlen_q, max_seqlen_k;
+  const kiln_tensor* lse;   /* optional */
+  const kiln_tensor* sinks; /* optional */
+  float softmax_scale;      /* <= 0: 1/sqrt(D) */
+  float softcap;            /* <= 0: none */
+  int32_t causal;
+  int32_t window_left; /* -1: none */
+} kiln_mha_prefill_args;
+
+typedef struct kiln_mha_decode_args {
+  const kiln_tensor *q, *k_cache, *v_cache, *page_table, *cache_seqlens, *out;
+  int32_t q_len;
+  const kiln_tensor* lse;   /* optional */
+  const kiln_tensor* sinks; /* optional */
+  float softmax_scale, softcap;
+  int32_t window_left;
+  float k_scale, v_scale;
+} kiln_mha_decode_args;
+
+typedef struct kiln_moe_args {
+  const kiln_tensor *x, *out;
+  const kiln_tensor* router_logits; /* or topk_ids + topk_weights */
+  const kiln_tensor *topk_ids, *topk_weights;
+  int32_t top_k;
+  int32_t routing; /* 0: top-k then softmax (GPT-OSS), 1: softmax then top-k */
+  int32_t renormalize;
+  const kiln_tensor *w13, *w13_scale, *w13_bias;
+  const kiln_tensor *w2, *w2_scale, *w2_bias;
+  int32_t activation;     /* 0: SiLU-GLU, 1: GPT-OSS clamped SwiGLU */
+  int32_t gate_up_layout; /* 0: concatenated, 1: interleaved */
+} kiln_moe_args;
+
+KILN_API const char* kiln_last_error(void);
+KILN_API const char* kiln_version(void);
+
+/* stream: a CUstream / hipStream_t, or NULL for the default stream. */
+KILN_API kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* args, void* stream);
+KILN_API kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* args, void* stream);
+KILN_API kiln_status kiln_moe_apply(const kiln_moe_args* args, void* stream);
+
+/* Registry and selector. Strings returned through char** are allocated by kiln and released
+ * with kiln_free_string. */
+KILN_API kiln_status kiln_list_kernels_json(char** json_out);
+/* op: "mha_prefill" | "mha_decode_with_kvcache" | "moe_apply"; signature: "key=value,...";
+ * target: "sm_90a", ... or NULL for the current device. */
+KILN_API kiln_status kiln_explain_json(const char* op, const char* signature, const char* target,
+                                       char** json_out);
+/* Forces a kernel for an operator; NULL or "" clears the override. */
+KILN_API kiln_status kiln_set_override(const char* op, const char* kernel_name);
+KILN_API kiln_status kiln_load_plugin(const char* path);
+KILN_API void kiln_free_string(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KILN_H */

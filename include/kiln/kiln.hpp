@@ -1,0 +1,10 @@
+// kiln's C++ API in one include.
+#pragma once
+
+#include "kiln/error.hpp"
+#include "kiln/jit.hpp"
+#include "kiln/log.hpp"
+#include "kiln/ops.hpp"
+#include "kiln/platform.hpp"
+#include "kiln/registry.hpp"
+#include "kiln/tensor.hpp"

@@ -1,0 +1,124 @@
+// kiln's operators. Hardware-agnostic: tensors are views of device memory, the stream is the
+// caller's. Every argument is validated before anything is selected or launched; a bad one
+// raises kiln::Error(kInvalidArgument) naming it and what was expected.
+//
+// Common rules: the last dimension of every tensor is contiguous (stride 1); data pointers are
+// 16-byte aligned; all tensors of one call are on the same device; element offsets must fit in
+// 32-bit signed indexing (numel < 2^31) per tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kiln/registry.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+// ---------------------------------------------------------------------------------------------
+// Attention prefill over packed variable-length sequences.
+//
+//   q   [total_q, Hq, D]     k, v  [total_k, Hkv, D]     out [total_q, Hq, D]
+//   cu_seqlens_q, cu_seqlens_k   int32 [B + 1], non-decreasing, starting at 0, ending at
+//                                total_q / total_k. Sequence b owns rows [cu[b], cu[b+1]).
+//   lse (optional)   f32 [total_q, Hq], natural-log sum of exp of the scaled scores.
+//   sinks (optional) f32 [Hq]: one logit per head that joins the softmax denominator and
+//                    contributes no value (GPT-OSS).
+// q, k, v, out share one dtype: bf16 or f16. Hq % Hkv == 0 (GQA; MQA when Hkv == 1); query head
+// h reads KV head h / (Hq / Hkv).
+// Scores are softmax_scale * q.k (softmax_scale <= 0 means 1/sqrt(D)); with softcap > 0 they
+// become softcap * tanh(score / softcap).
+// causal: aligned bottom-right: in a sequence with Lq queries and Lk keys, query i (0-based)
+// sits at key position i + Lk - Lq and sees keys at positions <= that.
+// window_left >= 0: the query at position p also sees only keys at positions >= p - window_left
+// (-1: no window). A query that sees no key writes zeros (and lse = -inf; with sinks the sink
+// alone forms the denominator, so the output is zero as well).
+struct MhaPrefillArgs {
+  TensorView q, k, v, out;
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  int32_t max_seqlen_q = 0;
+  int32_t max_seqlen_k = 0;
+  TensorView lse;    // optional
+  TensorView sinks;  // optional
+  float softmax_scale = 0.0f;
+  float softcap = 0.0f;
+  bool causal = false;
+  int32_t window_left = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention against a paged KV cache.
+//
+//   q        [B * q_len, Hq, D]   (row b * q_len + j is new token j of sequence b)
+//   k_cache, v_cache  [num_pages, page_size, Hkv, D]
+//   page_table  int32 [B, max_pages_per_seq]: page_table[b][p] holds tokens
+//               [p * page_size, (p + 1) * page_size) of sequence b.
+//   cache_seqlens  int32 [B]: tokens in the cache per sequence, the q_len new ones included
+//                  (0 allowed: that sequence's output is zeros).
+//   out like q; lse optional f32 [B * q_len, Hq]; sinks optional f32 [Hq].
+// q_len is 1 to 8; the new tokens are causal among themselves: token j of sequence b sits at
+// position cache_seqlens[b] - q_len + j and sees keys at positions <= that (and, with
+// window_left >= 0, >= position - window_left).
+// Dtypes: q and out bf16 or f16; the cache the same dtype as q, or e4m3 with per-tensor
+// k_scale / v_scale (dequantized value = stored * scale). page_size 16, 32, 64 or 128.
+struct MhaDecodeArgs {
+  TensorView q, k_cache, v_cache, page_table, cache_seqlens, out;
+  int32_t q_len = 1;
+  TensorView lse;    // optional
+  TensorView sinks;  // optional
+  float softmax_scale = 0.0f;
+  float softcap = 0.0f;
+  int32_t window_left = -1;
+  float k_scale = 1.0f;  // fp8 cache only
+  float v_scale = 1.0f;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts: out = sum over the chosen experts e of weight_e * expert_e(x).
+//
+//   x  [T, H] bf16;  out [T, H] bf16.
+//   Routing, one of:
+//     router_logits [T, E] (f32 or bf16) with `routing`:
+//       kTopkThenSoftmax  — top-k of the logits, softmax over those k (GPT-OSS);
+//       kSoftmaxThenTopk  — softmax over all E, top-k, renormalized to sum 1 when `renormalize`.
+//     topk_ids int32 [T, k] and topk_weights f32 [T, k], precomputed.
+//   w13 [E, 2I, H]: the gate and up projections. gate_up_layout kConcatenated: rows [0, I) gate,
+//       [I, 2I) up (Mixtral, Qwen). kInterleaved: row 2j gate j, row 2j + 1 up j (GPT-OSS).
+//   w13_bias optional [E, 2I] (f32 or bf16), in the same layout as w13's rows.
+//   w2 [E, H, I];  w2_bias optional [E, H].
+//   Weight formats: bf16 (w13, w2 as above); or MXFP4 (OCP MX): w13 is kF4E2M1x2
+//   [E, 2I, H/2] with w13_scale kE8M0 [E, 2I, H/32], w2 kF4E2M1x2 [E, H, I/2] with w2_scale
+//   kE8M0 [E, H, I/32]; each scale covers 32 consecutive values along the reduction dimension.
+//   activation kSiluGlu: silu(gate) * up. kSwigluClamped (GPT-OSS): gate = min(gate, 7),
+//   up = clamp(up, -7, 7), gate * sigmoid(1.702 * gate) * (up + 1).
+enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
+enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
+enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };
+
+struct MoeArgs {
+  TensorView x, out;
+  TensorView router_logits;               // either this ...
+  TensorView topk_ids, topk_weights;      // ... or these two
+  int32_t top_k = 0;
+  MoeRouting routing = MoeRouting::kTopkThenSoftmax;
+  bool renormalize = true;                // kSoftmaxThenTopk only
+  TensorView w13, w13_scale, w13_bias;    // scale: MXFP4 only; bias optional
+  TensorView w2, w2_scale, w2_bias;
+  MoeActivation activation = MoeActivation::kSiluGlu;
+  GateUpLayout gate_up_layout = GateUpLayout::kConcatenated;
+};
+
+void mha_prefill(const MhaPrefillArgs& args, Stream stream);
+void mha_decode_with_kvcache(const MhaDecodeArgs& args, Stream stream);
+void moe_apply(const MoeArgs& args, Stream stream);
+
+// Validation and the selector's view of a call, exposed for tools and tests. validate_* throws
+// kiln::Error(kInvalidArgument); signature_of builds the Signature the selector sees.
+void validate(const MhaPrefillArgs& args);
+void validate(const MhaDecodeArgs& args);
+void validate(const MoeArgs& args);
+Signature signature_of(const MhaPrefillArgs& args);
+Signature signature_of(const MhaDecodeArgs& args);
+Signature signature_of(const MoeArgs& args);
+
+}  // namespace kiln

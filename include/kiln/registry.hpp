@@ -1,0 +1,194 @@
+// Kernels as data: KernelSpec, the registry that holds them and the selector that picks one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/platform.hpp"
+
+namespace kiln {
+
+// Operator families and modes. An operator is one (family, mode) pair.
+inline constexpr const char* kFamilyAttention = "attention";
+inline constexpr const char* kFamilyMoe = "moe";
+inline constexpr const char* kModePrefill = "prefill";
+inline constexpr const char* kModeDecode = "decode";
+inline constexpr const char* kModeApply = "apply";
+
+// The public name of an operator ("mha_prefill") <-> its (family, mode).
+struct OperatorId {
+  std::string family;
+  std::string mode;
+  bool operator==(const OperatorId&) const = default;
+};
+OperatorId operator_from_name(const std::string& op);  // throws, listing the operators
+std::string operator_name(const OperatorId& id);
+std::vector<std::string> operator_names();
+
+// What a call looks like to the selector: the operator plus the properties that decide which
+// kernel and which specialization run (dtypes, head_dim, group size, causal, page_size, ...).
+// Run-time sizes (batch, sequence lengths) are not part of it. Canonical form:
+// "attention.prefill:causal=1,dtype=bf16,head_dim=128" — keys sorted, so equal signatures have
+// equal bytes.
+class Signature {
+ public:
+  Signature() = default;
+  explicit Signature(OperatorId op) : op_(std::move(op)) {}
+
+  const OperatorId& op() const { return op_; }
+  Signature& set(const std::string& key, const std::string& value);
+  Signature& set(const std::string& key, int64_t value);
+  Signature& set(const std::string& key, const char* value) { return set(key, std::string(value)); }
+  Signature& set(const std::string& key, bool value) = delete;  // say set_flag
+  Signature& set_flag(const std::string& key, bool value) { return set(key, value ? "1" : "0"); }
+
+  bool has(const std::string& key) const { return fields_.count(key) != 0; }
+  // Typed reads; a missing or malformed field throws kiln::Error naming the key.
+  const std::string& get(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  bool get_flag(const std::string& key) const;
+  const std::map<std::string, std::string>& fields() const { return fields_; }
+
+  std::string canonical() const;
+  // Parses "key=value,key=value" (the CLI's --sig) for an operator; errors name the bad pair.
+  static Signature parse(const OperatorId& op, const std::string& text);
+
+  bool operator==(const Signature&) const = default;
+
+ private:
+  OperatorId op_;
+  std::map<std::string, std::string> fields_;
+};
+
+enum class Priority : int {
+  kReference = 0,    // obviously correct; the oracle
+  kPortable = 1,     // runs on every GPU of its vendor
+  kPerformant = 2,   // fast on a class of GPUs
+  kSpecialized = 3,  // fastest on a narrow set of shapes
+  kPlugin = 4,       // out-of-tree kernels win ties with everything in-tree
+};
+const char* priority_name(Priority p);
+
+enum class Backend { kCuda, kHip };
+const char* backend_name(Backend b);
+
+struct Requirements {
+  Vendor vendor = Vendor::kNvidia;
+  int min_arch = 0;        // inclusive, compared with Platform::arch_version
+  int max_arch = 1 << 30;  // inclusive
+  std::vector<std::string> features;
+};
+
+// How one signature is compiled: the template instantiation and the options that go into the
+// key. Launch geometry depends on run-time sizes and is computed by the operator layer.
+struct Specialization {
+  std::string name_expression;       // "kiln::prefill_reference<__nv_bfloat16, 128>"
+  std::vector<std::string> options;  // extra compiler options, e.g. "-DKILN_FOO=1"
+};
+
+// Launch geometry of one call, computed from the operator's parameter block at call time.
+struct LaunchShape {
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t dynamic_shared_bytes = 0;
+  uint32_t cluster[3] = {0, 0, 0};  // {0,0,0}: no cluster
+  bool programmatic_dependent_launch = false;
+};
+
+struct KernelSpec {
+  std::string name;  // unique: "attention.prefill.reference"
+  std::string family;
+  std::string mode;
+  Backend backend = Backend::kCuda;
+  Priority priority = Priority::kReference;
+  Requirements requirements;
+  // Kernel source: a path under kernel-sources/ ("attention/prefill_reference.cuh"), or, for
+  // plugins, the source text itself with source_is_text set.
+  std::string source;
+  bool source_is_text = false;
+  // Number of signature properties this kernel constrains; breaks ties within a priority band
+  // in favour of the narrower kernel.
+  int specificity = 0;
+  // nullopt when the kernel runs the signature, else the reason it does not.
+  std::function<std::optional<std::string>(const Signature&)> accepts;
+  std::function<Specialization(const Signature&, const Platform&)> specialize;
+  // `params` points at the operator's parameter block (kernel-sources/<family>/params.h).
+  // Throws kiln::Error(kUnsupported) when the call does not fit the platform (shared memory).
+  std::function<LaunchShape(const void* params, const Platform&)> launch_shape;
+  std::string origin = "builtin";  // "builtin" or the plugin file it came from
+};
+
+// Why a candidate was or was not chosen.
+struct CandidateVerdict {
+  std::string kernel;
+  Priority priority;
+  bool eligible = false;  // passed platform and signature checks
+  bool selected = false;
+  std::string reason;  // why it was rejected, or why it lost / won
+};
+
+struct Explanation {
+  std::string signature;
+  std::string target;
+  std::optional<std::string> selected;
+  std::vector<CandidateVerdict> candidates;
+  std::vector<std::string> warnings;  // e.g. equal-priority conflicts
+  std::string to_text() const;
+  std::string to_json() const;
+};
+
+// The process-wide registry. Thread-safe: registration and selection may run concurrently.
+class Registry {
+ public:
+  static Registry& global();
+
+  // Throws kiln::Error(kInvalidArgument) if a kernel of the same name exists or the spec is
+  // incomplete.
+  void add(KernelSpec spec);
+  std::vector<std::shared_ptr<const KernelSpec>> kernels() const;
+  std::shared_ptr<const KernelSpec> find(const std::string& name) const;
+
+  // Chooses the kernel for a signature on a platform. Decisions are cached per
+  // (platform, signature) until the registry or the overrides change.
+  // Throws kiln::Error(kNoKernel) with the full explanation when nothing qualifies, or when an
+  // override names a kernel that cannot run the call.
+  std::shared_ptr<const KernelSpec> select(const Signature& sig, const Platform& platform);
+  Explanation explain(const Signature& sig, const Platform& platform) const;
+
+  // Force a kernel by name for one operator (empty name clears). Checked at select time.
+  // KILN_OVERRIDE_<FAMILY>_<MODE> (e.g. KILN_OVERRIDE_ATTENTION_PREFILL) does the same.
+  void set_override(const OperatorId& op, const std::string& kernel_name);
+
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Static in-tree registration: KILN_REGISTER_KERNEL(unique_id) { return KernelSpec{...}; }
+namespace detail {
+struct KernelRegistrar {
+  explicit KernelRegistrar(KernelSpec (*make)());
+};
+}  // namespace detail
+#define KILN_REGISTER_KERNEL(id)                                                       \
+  static ::kiln::KernelSpec kiln_make_kernel_##id();                                  \
+  static const ::kiln::detail::KernelRegistrar kiln_registrar_##id{&kiln_make_kernel_##id}; \
+  static ::kiln::KernelSpec kiln_make_kernel_##id()
+
+// Loads every plugin on KILN_PLUGIN_PATH (colon-separated directories or files); called once,
+// lazily, by Registry::global(). Returns the messages of plugins that were refused.
+std::vector<std::string> load_plugins_from_env();
+// Loads one plugin shared library; throws kiln::Error(kPluginError) with the reason.
+void load_plugin(const std::string& path);
+
+}  // namespace kiln

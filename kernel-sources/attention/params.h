@@ -1,0 +1,60 @@
+// Parameter blocks of the attention kernels, passed by value as the kernel's only argument.
+// Shared verbatim by kiln's host code and the run-time-compiled kernels, so it uses only plain
+// C types whose layout is the same on x86-64 / aarch64 hosts and on the GPU (LP64).
+// You MUST keep host and kernel builds in step: this file is part of every kernel's key.
+#pragma once
+
+struct KilnPrefillParams {
+  const void* q;    // [total_q, Hq, D]
+  const void* k;    // [total_k, Hkv, D]
+  const void* v;    // [total_k, Hkv, D]
+  void* out;        // [total_q, Hq, D]
+  float* lse;       // [total_q, Hq] or null
+  const float* sinks;  // [Hq] or null
+  const int* cu_seqlens_q;  // [batch + 1]
+  const int* cu_seqlens_k;  // [batch + 1]
+  long long q_row_stride, q_head_stride;  // in elements
+  long long k_row_stride, k_head_stride;
+  long long v_row_stride, v_head_stride;
+  long long out_row_stride, out_head_stride;
+  long long lse_row_stride;
+  int batch;
+  int num_heads_q;
+  int num_heads_kv;
+  int head_dim;
+  int max_seqlen_q;
+  int max_seqlen_k;
+  int causal;       // 0 or 1, bottom-right aligned
+  int window_left;  // -1: none
+  float softmax_scale;
+  float softcap;    // 0: none
+};
+
+struct KilnDecodeParams {
+  const void* q;        // [batch * q_len, Hq, D]
+  const void* k_cache;  // [num_pages, page_size, Hkv, D]
+  const void* v_cache;
+  void* out;            // like q
+  float* lse;           // [batch * q_len, Hq] or null
+  const float* sinks;   // [Hq] or null
+  const int* page_table;     // [batch, page_table_stride...]
+  const int* cache_seqlens;  // [batch]
+  long long q_row_stride, q_head_stride;
+  long long k_page_stride, k_row_stride, k_head_stride;
+  long long v_page_stride, v_row_stride, v_head_stride;
+  long long out_row_stride, out_head_stride;
+  long long lse_row_stride;
+  long long page_table_stride;
+  int batch;
+  int q_len;
+  int num_heads_q;
+  int num_heads_kv;
+  int head_dim;
+  int page_size;
+  int max_pages_per_seq;
+  int window_left;
+  float softmax_scale;
+  float softcap;
+  float k_scale;  // fp8 cache: dequantized = stored * scale
+  float v_scale;
+};

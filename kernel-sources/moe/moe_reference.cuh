@@ -1,0 +1,136 @@
+// Reference MoE layer: one block per token routes it, then for each chosen expert computes the
+// activated intermediate vector into shared memory and accumulates the weighted down projection.
+// fp32 throughout; weights decoded element by element. Slow and plainly correct: the oracle.
+// Launch: grid (T), block 256, dynamic shared memory (2H + I) floats + routing scratch.
+#pragma once
+
+#include "common/prelude.cuh"
+#include "moe/params.h"
+
+namespace kiln {
+
+enum MoeWeightFormat { kWeightsBf16 = 0, kWeightsMxfp4 = 1 };
+enum MoeActivationKind { kSiluGlu = 0, kSwigluClamped = 1 };
+enum MoeLayoutKind { kGateUpConcatenated = 0, kGateUpInterleaved = 1 };
+enum MoeRoutingKind { kRoutingTopkSoftmax = 0, kRoutingSoftmaxTopk = 1, kRoutingPrecomputed = 2 };
+enum MoeBiasKind { kBiasNone = 0, kBiasF32 = 1, kBiasBf16 = 2 };
+
+constexpr int kMoeMaxTopK = 32;
+
+template <int kFormat>
+__device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
+                                            long long scale_row_offset, int k) {
+  if (kFormat == kWeightsBf16) return to_float(static_cast<const bf16*>(base)[row_offset + k]);
+  const u8 byte = static_cast<const u8*>(base)[row_offset + k / 2];
+  const u32 nibble = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+  return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
+}
+
+template <int kBias>
+__device__ __forceinline__ float moe_bias(const void* bias, long long offset) {
+  if (kBias == kBiasF32) return static_cast<const float*>(bias)[offset];
+  if (kBias == kBiasBf16) return to_float(static_cast<const bf16*>(bias)[offset]);
+  return 0.0f;
+}
+
+template <bool kLogitsBf16>
+__device__ __forceinline__ float logit(const KilnMoeParams& p, int token, int e) {
+  const long long at = token * p.logits_row_stride + e;
+  return kLogitsBf16 ? to_float(static_cast<const bf16*>(p.router_logits)[at])
+                     : static_cast<const float*>(p.router_logits)[at];
+}
+
+// Serial routing by thread 0: picks top_k experts (ties go to the lower index) and their weights.
+template <int kRouting, bool kLogitsBf16>
+__device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* weights) {
+  if (kRouting == kRoutingPrecomputed) {
+    for (int j = 0; j < p.top_k; ++j) {
+      ids[j] = p.topk_ids[token * p.topk_row_stride + j];
+      weights[j] = p.topk_weights[token * p.topk_row_stride + j];
+    }
+    return;
+  }
+  float max_logit = neg_inf();
+  for (int e = 0; e < p.num_experts; ++e) max_logit = fmaxf(max_logit, logit<kLogitsBf16>(p, token, e));
+  float total = 0.0f;
+  if (kRouting == kRoutingSoftmaxTopk) {
+    for (int e = 0; e < p.num_experts; ++e) total += expf(logit<kLogitsBf16>(p, token, e) - max_logit);
+  }
+  for (int j = 0; j < p.top_k; ++j) {
+    int best = -1;
+    float best_logit = neg_inf();
+    for (int e = 0; e < p.num_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= (ids[i] == e);
+      const float l = logit<kLogitsBf16>(p, token, e);
+      if (!taken && (best < 0 || l > best_logit)) { best = e; best_logit = l; }
+    }
+    ids[j] = best;
+    weights[j] = expf(best_logit - max_logit);  // max over all is also max over the chosen
+  }
+  float chosen = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) chosen += weights[j];
+  const float norm = (kRouting == kRoutingTopkSoftmax || p.renormalize) ? chosen : total;
+  for (int j = 0; j < p.top_k; ++j) weights[j] /= norm;
+}
+
+template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
+__global__ void __launch_bounds__(256) moe_reference(const KilnMoeParams p) {
+  extern __shared__ float shared[];
+  float* x = shared;                         // [H]
+  float* act = x + p.hidden;                 // [I]
+  float* out_acc = act + p.intermediate;     // [H]
+  int* ids = reinterpret_cast<int*>(out_acc + p.hidden);  // [kMoeMaxTopK]
+  float* weights = reinterpret_cast<float*>(ids + kMoeMaxTopK);
+  const int token = blockIdx.x;
+
+  const bf16* x_row = static_cast<const bf16*>(p.x) + token * p.x_row_stride;
+  for (int h = threadIdx.x; h < p.hidden; h += blockDim.x) {
+    x[h] = to_float(x_row[h]);
+    out_acc[h] = 0.0f;
+  }
+  if (threadIdx.x == 0) route_token<kRouting, kLogitsBf16>(p, token, ids, weights);
+  __syncthreads();
+
+  for (int j = 0; j < p.top_k; ++j) {
+    const int e = ids[j];
+    const float w = weights[j];
+    for (int r = threadIdx.x; r < p.intermediate; r += blockDim.x) {
+      const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
+      const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
+      float gate = 0.0f, up = 0.0f;
+      for (int k = 0; k < p.hidden; ++k) {
+        const long long base = e * p.w13_expert_stride;
+        const long long scale_base = e * p.w13_scale_expert_stride;
+        gate += x[k] * moe_weight<kFormat>(p.w13, p.w13_scale, base + gate_row * p.w13_row_stride,
+                                           scale_base + gate_row * p.w13_scale_row_stride, k);
+        up += x[k] * moe_weight<kFormat>(p.w13, p.w13_scale, base + up_row * p.w13_row_stride,
+                                         scale_base + up_row * p.w13_scale_row_stride, k);
+      }
+      gate += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + gate_row);
+      up += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + up_row);
+      if (kActivation == kSwigluClamped) {
+        gate = fminf(gate, 7.0f);
+        up = fminf(fmaxf(up, -7.0f), 7.0f);
+        act[r] = gate / (1.0f + expf(-1.702f * gate)) * (up + 1.0f);
+      } else {
+        act[r] = gate / (1.0f + expf(-gate)) * up;
+      }
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < p.hidden; h += blockDim.x) {
+      float sum = 0.0f;
+      for (int k = 0; k < p.intermediate; ++k) {
+        sum += act[k] * moe_weight<kFormat>(p.w2, p.w2_scale, e * p.w2_expert_stride + h * p.w2_row_stride,
+                                            e * p.w2_scale_expert_stride + h * p.w2_scale_row_stride, k);
+      }
+      sum += moe_bias<kBias2>(p.w2_bias, e * p.w2_bias_expert_stride + h);
+      out_acc[h] += w * sum;
+    }
+    __syncthreads();
+  }
+  bf16* out_row = static_cast<bf16*>(p.out) + token * p.out_row_stride;
+  for (int h = threadIdx.x; h < p.hidden; h += blockDim.x) out_row[h] = from_float<bf16>(out_acc[h]);
+}
+
+}  // namespace kiln

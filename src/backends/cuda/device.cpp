@@ -1,0 +1,196 @@
+#include "backends/cuda/device.hpp"
+
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "backends/cuda/driver.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail::cuda {
+namespace {
+
+int attribute(CUdevice dev, CUdevice_attribute attr) {
+  int value = 0;
+  KILN_CU_CALL(cuDeviceGetAttribute, &value, attr, dev);
+  return value;
+}
+
+// Chips with arch-specific ('a') features get the suffix: their wgmma/tcgen05/setmaxnreg code
+// only runs when compiled for the exact arch.
+std::string arch_name(int major, int minor) {
+  const int cc = major * 10 + minor;
+  const bool arch_specific = cc == 90 || cc == 100 || cc == 103 || cc == 110 || cc == 120 || cc == 121;
+  return fmt::format("sm_{}{}", cc, arch_specific ? "a" : "");
+}
+
+void ensure_initialized() {
+  static std::once_flag once;
+  std::call_once(once, [] { KILN_CU_CALL(cuInit, 0); });
+}
+
+}  // namespace
+
+int device_count() {
+  ensure_initialized();
+  int count = 0;
+  KILN_CU_CALL(cuDeviceGetCount, &count);
+  return count;
+}
+
+Device& device(int index) {
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<Device>> devices;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = devices.find(index);
+    if (it != devices.end()) return *it->second;
+  }
+  const int count = device_count();
+  if (index < 0 || index >= count) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("device: index {} is out of range; this process sees {} NVIDIA GPU(s)", index, count));
+  }
+  auto dev = std::make_unique<Device>();
+  dev->index = index;
+  KILN_CU_CALL(cuDeviceGet, &dev->handle, index);
+  const int major = attribute(dev->handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  const int minor = attribute(dev->handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  Platform p = platform_for_target(arch_name(major, minor));  // unknown arch: error
+  p.multiprocessor_count = attribute(dev->handle, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  p.shared_memory_per_block = static_cast<size_t>(attribute(dev->handle, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN));
+  p.l2_bytes = static_cast<size_t>(attribute(dev->handle, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE));
+  p.warp_size = attribute(dev->handle, CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+  char name[256] = {0};
+  KILN_CU_CALL(cuDeviceGetName, name, static_cast<int>(sizeof(name)), dev->handle);
+  p.device_name = name;
+  p.detected = true;
+  p.device_index = index;
+  dev->platform = std::move(p);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = devices.emplace(index, std::move(dev));
+  return *it->second;
+}
+
+ScopedContext::ScopedContext(Device& dev) {
+  CUcontext current = nullptr;
+  KILN_CU_CALL(cuCtxGetCurrent, &current);
+  if (current != nullptr) {
+    CUdevice current_device = -1;
+    KILN_CU_CALL(cuCtxGetDevice, &current_device);
+    if (current_device == dev.handle) {
+      context_ = current;
+      return;
+    }
+  }
+  std::call_once(dev.primary_once, [&] { KILN_CU_CALL(cuDevicePrimaryCtxRetain, &dev.primary, dev.handle); });
+  KILN_CU_CALL(cuCtxPushCurrent, dev.primary);
+  context_ = dev.primary;
+  pushed_ = true;
+}
+
+ScopedContext::~ScopedContext() {
+  if (pushed_) {
+    CUcontext popped = nullptr;
+    KILN_CU_FN(cuCtxPopCurrent)(&popped);
+  }
+}
+
+LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name,
+                             const std::string& kernel_name) {
+  LoadedFunction f;
+  const CUresult loaded = KILN_CU_FN(cuModuleLoadData)(&f.module, cubin.data());
+  if (loaded != CUDA_SUCCESS) {
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("cuModuleLoadData failed for kernel '{}' ({} bytes): {}", kernel_name, cubin.size(), describe(loaded)));
+  }
+  const CUresult found = KILN_CU_FN(cuModuleGetFunction)(&f.function, f.module, lowered_name.c_str());
+  if (found != CUDA_SUCCESS) {
+    KILN_CU_FN(cuModuleUnload)(f.module);
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("kernel '{}': entry {} not found in its binary: {}", kernel_name, lowered_name, describe(found)));
+  }
+  return f;
+}
+
+void unload(const LoadedFunction& f) {
+  if (f.module != nullptr) KILN_CU_FN(cuModuleUnload)(f.module);
+}
+
+void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
+            const std::string& kernel_name) {
+  if (shape.dynamic_shared_bytes > 48 * 1024) {
+    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                 static_cast<int>(shape.dynamic_shared_bytes));
+  }
+  if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
+  CUlaunchConfig config{};
+  config.gridDimX = shape.grid[0];
+  config.gridDimY = shape.grid[1];
+  config.gridDimZ = shape.grid[2];
+  config.blockDimX = shape.block[0];
+  config.blockDimY = shape.block[1];
+  config.blockDimZ = shape.block[2];
+  config.sharedMemBytes = shape.dynamic_shared_bytes;
+  config.hStream = static_cast<CUstream>(stream);
+  CUlaunchAttribute attributes[2];
+  unsigned n = 0;
+  if (shape.cluster[0] > 0) {
+    attributes[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[n].value.clusterDim.x = shape.cluster[0];
+    attributes[n].value.clusterDim.y = shape.cluster[1] ? shape.cluster[1] : 1;
+    attributes[n].value.clusterDim.z = shape.cluster[2] ? shape.cluster[2] : 1;
+    ++n;
+  }
+  if (shape.programmatic_dependent_launch) {
+    attributes[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = n ? attributes : nullptr;
+  config.numAttrs = n;
+  void* args[] = {const_cast<void*>(params)};
+  const CUresult result = KILN_CU_FN(cuLaunchKernelEx)(&config, function, args, nullptr);
+  if (result != CUDA_SUCCESS) {
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("cuLaunchKernelEx failed for kernel '{}' (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
+                            kernel_name, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
+                            shape.block[1], shape.block[2], shape.dynamic_shared_bytes, describe(result)));
+  }
+}
+
+}  // namespace kiln::detail::cuda
+
+namespace kiln {
+
+DeviceReport detect_devices() {
+  DeviceReport report;
+  if (!detail::cuda::driver_available()) {
+    try {
+      detail::cuda::driver_symbol("cuInit");
+    } catch (const Error& e) {
+      report.notes.emplace_back(e.what());
+    }
+    return report;
+  }
+  int count = 0;
+  try {
+    count = detail::cuda::device_count();
+  } catch (const Error& e) {
+    report.notes.emplace_back(e.what());
+    return report;
+  }
+  if (count == 0) report.notes.emplace_back("the NVIDIA driver is loaded but reports no GPU");
+  for (int i = 0; i < count; ++i) {
+    try {
+      report.devices.push_back(detail::cuda::device(i).platform);
+    } catch (const Error& e) {
+      report.notes.emplace_back(fmt::format("GPU {}: {}", i, e.what()));
+    }
+  }
+  report.notes.emplace_back("AMD GPUs: not detected by this build (the HIP backend is not built yet)");
+  return report;
+}
+
+}  // namespace kiln

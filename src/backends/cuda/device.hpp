@@ -1,0 +1,59 @@
+// CUDA devices: detection, contexts, module load and launch through the driver API.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kiln/platform.hpp"
+#include "kiln/registry.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln::detail::cuda {
+
+struct Device {
+  int index = 0;
+  CUdevice handle = 0;
+  Platform platform;
+  std::once_flag primary_once;
+  CUcontext primary = nullptr;  // retained on first need, held for the life of the process
+};
+
+int device_count();  // initializes the driver; throws kiln::Error(kDriverError)
+// Detected once per index. Throws kiln::Error: no driver, index out of range, unknown arch.
+Device& device(int index);
+
+// Makes a context of `dev` current for the scope: the caller's current context when it belongs
+// to that device (an engine such as PyTorch made it), else the device's primary context.
+class ScopedContext {
+ public:
+  explicit ScopedContext(Device& dev);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  CUcontext get() const { return context_; }
+
+ private:
+  CUcontext context_ = nullptr;
+  bool pushed_ = false;
+};
+
+// Loads a CUBIN into the current context and finds `lowered_name` in it.
+struct LoadedFunction {
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+};
+LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name,
+                             const std::string& kernel_name);
+
+void unload(const LoadedFunction& f);
+
+// Launches `function` with `params` (one struct, passed by value) on `stream`; raises the
+// dynamic shared memory limit when the shape needs more than 48 KB.
+void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
+            const std::string& kernel_name);
+
+}  // namespace kiln::detail::cuda

@@ -1,0 +1,67 @@
+#include "backends/cuda/driver.hpp"
+
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/dynamic_library.hpp"
+#include "core/env.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail::cuda {
+namespace {
+
+// Loaded once; a failure is remembered so every later call reports the same reason quickly.
+struct DriverLibrary {
+  std::unique_ptr<DynamicLibrary> library;
+  std::string failure;
+};
+
+const DriverLibrary& driver_library() {
+  static const DriverLibrary lib = [] {
+    DriverLibrary l;
+    std::vector<std::string> candidates;
+    if (auto path = env_string("KILN_LIBCUDA")) candidates.push_back(*path);
+    candidates.insert(candidates.end(), {"libcuda.so.1", "libcuda.so"});
+    try {
+      l.library = std::make_unique<DynamicLibrary>("the NVIDIA driver (libcuda)", candidates);
+    } catch (const Error& e) {
+      l.failure = e.message();
+    }
+    return l;
+  }();
+  return lib;
+}
+
+}  // namespace
+
+void* driver_symbol(const char* name) {
+  const DriverLibrary& lib = driver_library();
+  if (!lib.library) {
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("{} needs the NVIDIA driver, which is not available: {}", name, lib.failure));
+  }
+  return lib.library->symbol(name);
+}
+
+bool driver_available() { return driver_library().library != nullptr; }
+
+std::string describe(CUresult result) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  try {
+    KILN_CU_FN(cuGetErrorName)(result, &name);
+    KILN_CU_FN(cuGetErrorString)(result, &text);
+  } catch (const Error&) {
+  }
+  return fmt::format("{} ({})", name ? name : fmt::format("CUresult {}", static_cast<int>(result)),
+                     text ? text : "no description");
+}
+
+void throw_driver_error(CUresult result, const char* call, const char* file, int line) {
+  throw Error(ErrorCode::kDriverError,
+              fmt::format("{} failed: {} at {}:{}", call, describe(result), file, line));
+}
+
+}  // namespace kiln::detail::cuda

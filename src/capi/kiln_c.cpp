@@ -1,0 +1,212 @@
+// The C ABI (kiln/kiln.h): converts arguments, calls the C++ API, and turns every exception into
+// a status code plus a thread-local message. No exception crosses this file's functions.
+#include "kiln/kiln.h"
+
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/error.hpp"
+#include "kiln/ops.hpp"
+#include "kiln/platform.hpp"
+#include "kiln/registry.hpp"
+
+namespace {
+
+thread_local std::string last_error;
+
+kiln_status status_of(kiln::ErrorCode code) {
+  switch (code) {
+    case kiln::ErrorCode::kInvalidArgument: return KILN_ERROR_INVALID_ARGUMENT;
+    case kiln::ErrorCode::kUnsupported: return KILN_ERROR_UNSUPPORTED;
+    case kiln::ErrorCode::kNoKernel: return KILN_ERROR_NO_KERNEL;
+    case kiln::ErrorCode::kCompileFailed: return KILN_ERROR_COMPILE_FAILED;
+    case kiln::ErrorCode::kDriverError: return KILN_ERROR_DRIVER;
+    case kiln::ErrorCode::kCacheError: return KILN_ERROR_CACHE;
+    case kiln::ErrorCode::kPluginError: return KILN_ERROR_PLUGIN;
+    case kiln::ErrorCode::kInternal: return KILN_ERROR_INTERNAL;
+  }
+  return KILN_ERROR_INTERNAL;
+}
+
+template <typename F>
+kiln_status guarded(F&& body) {
+  try {
+    body();
+    last_error.clear();
+    return KILN_OK;
+  } catch (const kiln::Error& e) {
+    last_error = e.what();
+    return status_of(e.code());
+  } catch (const std::bad_alloc&) {
+    last_error = "kiln: out of host memory";
+    return KILN_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    last_error = std::string("kiln: internal error: ") + e.what();
+    return KILN_ERROR_INTERNAL;
+  } catch (...) {
+    last_error = "kiln: internal error: unknown exception";
+    return KILN_ERROR_INTERNAL;
+  }
+}
+
+kiln::TensorView view(const kiln_tensor* t, const char* name) {
+  kiln::TensorView v;
+  if (t == nullptr) return v;  // absent
+  if (t->dtype < KILN_BF16 || t->dtype > KILN_I64) {
+    throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("{}: dtype code {} is not a kiln_dtype", name, t->dtype));
+  }
+  if (t->ndim < 1 || t->ndim > KILN_MAX_DIMS) {
+    throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("{}: ndim {} is outside 1..{}", name, t->ndim, KILN_MAX_DIMS));
+  }
+  v.data = t->data;
+  v.dtype = static_cast<kiln::DType>(t->dtype);
+  v.ndim = t->ndim;
+  for (int i = 0; i < t->ndim; ++i) {
+    v.shape[static_cast<size_t>(i)] = t->shape[i];
+    v.strides[static_cast<size_t>(i)] = t->strides[i];
+  }
+  v.device = t->device;
+  return v;
+}
+
+void require(const void* p, const char* name) {
+  if (p == nullptr) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("{}: must not be NULL", name));
+}
+
+char* copy_string(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+kiln::Platform platform_named_or_current(const char* target) {
+  if (target != nullptr && *target != '\0') return kiln::platform_for_target(target);
+  kiln::DeviceReport report = kiln::detect_devices();
+  if (report.devices.empty()) {
+    std::string why;
+    for (const auto& n : report.notes) why += "\n  " + n;
+    throw kiln::Error(kiln::ErrorCode::kDriverError, "target: none given and no usable GPU found:" + why);
+  }
+  return report.devices.front();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kiln_last_error(void) { return last_error.c_str(); }
+const char* kiln_version(void) { return "0.1.0"; }
+
+kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* a, void* stream) {
+  return guarded([&] {
+    require(a, "args");
+    kiln::MhaPrefillArgs args;
+    args.q = view(a->q, "q");
+    args.k = view(a->k, "k");
+    args.v = view(a->v, "v");
+    args.out = view(a->out, "out");
+    args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
+    args.cu_seqlens_k = view(a->cu_seqlens_k, "cu_seqlens_k");
+    args.max_seqlen_q = a->max_seqlen_q;
+    args.max_seqlen_k = a->max_seqlen_k;
+    args.lse = view(a->lse, "lse");
+    args.sinks = view(a->sinks, "sinks");
+    args.softmax_scale = a->softmax_scale;
+    args.softcap = a->softcap;
+    args.causal = a->causal != 0;
+    args.window_left = a->window_left;
+    kiln::mha_prefill(args, stream);
+  });
+}
+
+kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* a, void* stream) {
+  return guarded([&] {
+    require(a, "args");
+    kiln::MhaDecodeArgs args;
+    args.q = view(a->q, "q");
+    args.k_cache = view(a->k_cache, "k_cache");
+    args.v_cache = view(a->v_cache, "v_cache");
+    args.page_table = view(a->page_table, "page_table");
+    args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
+    args.out = view(a->out, "out");
+    args.q_len = a->q_len;
+    args.lse = view(a->lse, "lse");
+    args.sinks = view(a->sinks, "sinks");
+    args.softmax_scale = a->softmax_scale;
+    args.softcap = a->softcap;
+    args.window_left = a->window_left;
+    args.k_scale = a->k_scale;
+    args.v_scale = a->v_scale;
+    kiln::mha_decode_with_kvcache(args, stream);
+  });
+}
+
+kiln_status kiln_moe_apply(const kiln_moe_args* a, void* stream) {
+  return guarded([&] {
+    require(a, "args");
+    kiln::MoeArgs args;
+    args.x = view(a->x, "x");
+    args.out = view(a->out, "out");
+    args.router_logits = view(a->router_logits, "router_logits");
+    args.topk_ids = view(a->topk_ids, "topk_ids");
+    args.topk_weights = view(a->topk_weights, "topk_weights");
+    args.top_k = a->top_k;
+    args.routing = static_cast<kiln::MoeRouting>(a->routing);
+    args.renormalize = a->renormalize != 0;
+    args.w13 = view(a->w13, "w13");
+    args.w13_scale = view(a->w13_scale, "w13_scale");
+    args.w13_bias = view(a->w13_bias, "w13_bias");
+    args.w2 = view(a->w2, "w2");
+    args.w2_scale = view(a->w2_scale, "w2_scale");
+    args.w2_bias = view(a->w2_bias, "w2_bias");
+    args.activation = static_cast<kiln::MoeActivation>(a->activation);
+    args.gate_up_layout = static_cast<kiln::GateUpLayout>(a->gate_up_layout);
+    kiln::moe_apply(args, stream);
+  });
+}
+
+kiln_status kiln_list_kernels_json(char** json_out) {
+  return guarded([&] {
+    require(json_out, "json_out");
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& k : kiln::Registry::global().kernels()) {
+      list.push_back({{"name", k->name}, {"operator", kiln::operator_name({k->family, k->mode})},
+                      {"priority", kiln::priority_name(k->priority)}, {"backend", kiln::backend_name(k->backend)},
+                      {"vendor", kiln::vendor_name(k->requirements.vendor)}, {"origin", k->origin}});
+    }
+    *json_out = copy_string(list.dump());
+  });
+}
+
+kiln_status kiln_explain_json(const char* op, const char* signature, const char* target, char** json_out) {
+  return guarded([&] {
+    require(op, "op");
+    require(signature, "signature");
+    require(json_out, "json_out");
+    const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), signature);
+    *json_out = copy_string(kiln::Registry::global().explain(sig, platform_named_or_current(target)).to_json());
+  });
+}
+
+kiln_status kiln_set_override(const char* op, const char* kernel_name) {
+  return guarded([&] {
+    require(op, "op");
+    kiln::Registry::global().set_override(kiln::operator_from_name(op), kernel_name ? kernel_name : "");
+  });
+}
+
+kiln_status kiln_load_plugin(const char* path) {
+  return guarded([&] {
+    require(path, "path");
+    kiln::Registry::global();  // plugins from KILN_PLUGIN_PATH first
+    kiln::load_plugin(path);
+  });
+}
+
+void kiln_free_string(char* s) { std::free(s); }
+
+}  // extern "C"

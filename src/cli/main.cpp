@@ -1,0 +1,172 @@
+// The `kiln` command: devices, list, explain, compile.
+//
+// Exit codes (scripts may rely on them):
+//   0 success; 1 internal or other error; 2 bad usage or invalid argument; 3 no kernel for the
+//   signature; 4 compile failed; 5 driver, device or compiler library unavailable.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/kiln.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+int exit_code(const kiln::Error& e) {
+  switch (e.code()) {
+    case kiln::ErrorCode::kInvalidArgument: return 2;
+    case kiln::ErrorCode::kNoKernel: return 3;
+    case kiln::ErrorCode::kCompileFailed: return 4;
+    case kiln::ErrorCode::kDriverError: return 5;
+    default: return 1;
+  }
+}
+
+json platform_json(const kiln::Platform& p) {
+  return {{"vendor", kiln::vendor_name(p.vendor)}, {"arch", p.arch}, {"arch_version", p.arch_version},
+          {"name", p.device_name}, {"index", p.device_index}, {"multiprocessors", p.multiprocessor_count},
+          {"shared_memory_per_block", p.shared_memory_per_block}, {"l2_bytes", p.l2_bytes},
+          {"warp_size", p.warp_size}, {"features", p.features}};
+}
+
+kiln::Platform resolve_target(const std::string& target) {
+  if (!target.empty()) return kiln::platform_for_target(target);
+  kiln::DeviceReport report = kiln::detect_devices();
+  if (report.devices.empty()) {
+    std::string why;
+    for (const auto& n : report.notes) why += "\n  " + n;
+    throw kiln::Error(kiln::ErrorCode::kDriverError,
+                      "no usable GPU here; name a target with --target (one of " +
+                          fmt::format("{}", fmt::join(kiln::known_targets(), ", ")) + "):" + why);
+  }
+  return report.devices.front();
+}
+
+int cmd_devices(bool as_json) {
+  const kiln::DeviceReport report = kiln::detect_devices();
+  if (as_json) {
+    json j = {{"devices", json::array()}, {"notes", report.notes}};
+    for (const auto& d : report.devices) j["devices"].push_back(platform_json(d));
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  if (report.devices.empty()) std::cout << "No GPU that kiln can use was found.\n";
+  for (const auto& d : report.devices) {
+    std::cout << fmt::format("[{}] {}\n    features: {}\n", d.device_index, d.describe(), fmt::join(d.features, " "));
+  }
+  for (const auto& n : report.notes) std::cout << "note: " << n << "\n";
+  std::cout << fmt::format("Offline targets (compile without a GPU): {}\n", fmt::join(kiln::known_targets(), ", "));
+  return 0;
+}
+
+int cmd_list(const std::string& family, bool as_json) {
+  const auto kernels = kiln::Registry::global().kernels();
+  json list = json::array();
+  if (!as_json) {
+    std::cout << fmt::format("{:<40} {:<24} {:<12} {:<7} {:<10} {}\n", "KERNEL", "OPERATOR", "PRIORITY", "VENDOR", "ARCH", "ORIGIN");
+  }
+  for (const auto& k : kernels) {
+    if (!family.empty() && k->family != family) continue;
+    const auto& r = k->requirements;
+    const std::string arch = fmt::format("{}..{}", r.min_arch, r.max_arch >= (1 << 30) ? std::string("") : std::to_string(r.max_arch));
+    if (as_json) {
+      list.push_back({{"name", k->name}, {"operator", kiln::operator_name({k->family, k->mode})},
+                      {"family", k->family}, {"mode", k->mode}, {"priority", kiln::priority_name(k->priority)},
+                      {"backend", kiln::backend_name(k->backend)}, {"vendor", kiln::vendor_name(r.vendor)},
+                      {"min_arch", r.min_arch}, {"max_arch", r.max_arch >= (1 << 30) ? json(nullptr) : json(r.max_arch)},
+                      {"features", r.features}, {"specificity", k->specificity}, {"origin", k->origin}});
+    } else {
+      std::cout << fmt::format("{:<40} {:<24} {:<12} {:<7} {:<10} {}\n", k->name, kiln::operator_name({k->family, k->mode}),
+                               kiln::priority_name(k->priority), kiln::vendor_name(r.vendor), arch, k->origin);
+    }
+  }
+  if (as_json) std::cout << list.dump(2) << "\n";
+  return 0;
+}
+
+int cmd_explain(const std::string& op, const std::string& sig_text, const std::string& target, bool as_json) {
+  const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
+  const kiln::Explanation ex = kiln::Registry::global().explain(sig, resolve_target(target));
+  std::cout << (as_json ? ex.to_json() + "\n" : ex.to_text());
+  return ex.selected ? 0 : 3;
+}
+
+int cmd_compile(const std::string& op, const std::string& sig_text, const std::string& target,
+                const std::string& output, bool as_json) {
+  const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
+  const std::string arch = target.empty() ? resolve_target("").arch : target;
+  const kiln::CompiledKernel k = kiln::compile_for_target(sig, arch);
+  if (!output.empty()) {
+    std::ofstream out(output, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(k.binary.data()), static_cast<std::streamsize>(k.binary.size()));
+    if (!out) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--output: cannot write " + output);
+  }
+  if (as_json) {
+    std::cout << json{{"kernel", k.kernel}, {"signature", k.signature}, {"target", k.target}, {"key", k.key},
+                      {"name_expression", k.name_expression}, {"lowered_name", k.lowered_name},
+                      {"compiler", k.compiler}, {"binary_bytes", k.binary.size()}, {"compile_ms", k.compile_ms}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes (CUBIN){}\ntime     {:.0f} ms\n",
+                             k.kernel, k.signature, k.target, k.key, k.lowered_name, k.compiler, k.binary.size(),
+                             output.empty() ? "" : " -> " + output, k.compile_ms);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: JIT-compiled attention and MoE kernels for NVIDIA and AMD GPUs"};
+  app.require_subcommand(1);
+  bool as_json = false;
+
+  auto* devices = app.add_subcommand("devices", "Show the GPUs kiln can use and the offline targets");
+  devices->add_flag("--json", as_json, "Machine-readable output");
+
+  std::string family;
+  auto* list = app.add_subcommand("list", "List registered kernels (built-in and plugins)");
+  list->add_option("--family", family, "Only this operator family (attention, moe)");
+  list->add_flag("--json", as_json, "Machine-readable output");
+
+  std::string op, sig, target, output;
+  const std::string ops_help = fmt::format("Operator: {}", fmt::join(kiln::operator_names(), ", "));
+  auto* explain = app.add_subcommand("explain", "Show which kernel the selector picks for a signature, and why");
+  explain->add_option("op", op, ops_help)->required();
+  explain->add_option("--sig", sig, "Signature as key=value,... (e.g. dtype=bf16,head_dim=128,group=8,causal=1)")->required();
+  explain->add_option("--target", target, "Arch to select for (default: the first GPU)");
+  explain->add_flag("--json", as_json, "Machine-readable output");
+
+  auto* compile = app.add_subcommand("compile", "Compile the selected kernel for a signature (no GPU needed with --target)");
+  compile->add_option("op", op, ops_help)->required();
+  compile->add_option("--sig", sig, "Signature as key=value,...")->required();
+  compile->add_option("--target", target, "Arch to compile for (default: the first GPU)");
+  compile->add_option("-o,--output", output, "Write the binary (CUBIN) to this file");
+  compile->add_flag("--json", as_json, "Machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*devices) return cmd_devices(as_json);
+    if (*list) return cmd_list(family, as_json);
+    if (*explain) return cmd_explain(op, sig, target, as_json);
+    if (*compile) return cmd_compile(op, sig, target, output, as_json);
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return exit_code(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

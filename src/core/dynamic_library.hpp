@@ -1,0 +1,29 @@
+// dlopen of vendor libraries at first use, so libkiln loads on machines without them and says
+// exactly which library or symbol is missing only when it is needed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kiln::detail {
+
+class DynamicLibrary {
+ public:
+  // Tries each candidate (a soname or a path) in order; throws kiln::Error(kDriverError) naming
+  // `what`, every candidate tried and dlerror() of each when none loads.
+  DynamicLibrary(std::string what, const std::vector<std::string>& candidates);
+  ~DynamicLibrary();
+  DynamicLibrary(const DynamicLibrary&) = delete;
+  DynamicLibrary& operator=(const DynamicLibrary&) = delete;
+
+  // Throws kiln::Error(kDriverError) naming the symbol and the library when it is absent.
+  void* symbol(const char* name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string what_;
+  std::string path_;
+  void* handle_ = nullptr;
+};
+
+}  // namespace kiln::detail

@@ -1,0 +1,65 @@
+#include "jit/compile_request.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+
+using nlohmann::json;
+
+std::vector<uint8_t> encode_request(const CompileRequest& r) {
+  json j;
+  j["compiler"] = static_cast<int>(r.compiler);
+  j["kernel_name"] = r.kernel_name;
+  j["source_name"] = r.source_name;
+  j["source"] = r.source;
+  j["headers"] = r.headers;
+  j["name_expression"] = r.name_expression;
+  j["options"] = r.options;
+  j["target"] = r.target;
+  return json::to_cbor(j);
+}
+
+CompileRequest decode_request(const std::vector<uint8_t>& bytes) {
+  try {
+    const json j = json::from_cbor(bytes);
+    CompileRequest r;
+    r.compiler = static_cast<CompilerKind>(j.at("compiler").get<int>());
+    r.kernel_name = j.at("kernel_name").get<std::string>();
+    r.source_name = j.at("source_name").get<std::string>();
+    r.source = j.at("source").get<std::string>();
+    r.headers = j.at("headers").get<std::vector<std::pair<std::string, std::string>>>();
+    r.name_expression = j.at("name_expression").get<std::string>();
+    r.options = j.at("options").get<std::vector<std::string>>();
+    r.target = j.at("target").get<std::string>();
+    return r;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInternal, std::string("malformed compile request: ") + e.what());
+  }
+}
+
+std::vector<uint8_t> encode_result(const CompileResult& r) {
+  json j;
+  j["binary"] = json::binary(r.binary);
+  j["lowered_name"] = r.lowered_name;
+  j["log"] = r.log;
+  j["compile_ms"] = r.compile_ms;
+  return json::to_cbor(j);
+}
+
+CompileResult decode_result(const std::vector<uint8_t>& bytes) {
+  try {
+    const json j = json::from_cbor(bytes);
+    CompileResult r;
+    r.binary = j.at("binary").get_binary();
+    r.lowered_name = j.at("lowered_name").get<std::string>();
+    r.log = j.at("log").get<std::string>();
+    r.compile_ms = j.at("compile_ms").get<double>();
+    return r;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInternal, std::string("malformed compile result from the worker: ") + e.what());
+  }
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,38 @@
+// One compile: everything the run-time compiler sees, and what it gives back. Serializable, so
+// the same request can run in a separate worker process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::detail {
+
+enum class CompilerKind { kNvrtc };
+
+struct CompileRequest {
+  CompilerKind compiler = CompilerKind::kNvrtc;
+  std::string kernel_name;      // for messages
+  std::string source_name;      // "attention/prefill_reference.cuh"
+  std::string source;           // full text, with an instantiation preamble appended
+  std::vector<std::pair<std::string, std::string>> headers;  // include name -> text
+  std::string name_expression;  // "kiln::prefill_reference<kiln::bf16, 128>"
+  std::vector<std::string> options;  // without the target
+  std::string target;           // "sm_90a"
+};
+
+struct CompileResult {
+  std::vector<uint8_t> binary;  // CUBIN
+  std::string lowered_name;
+  std::string log;
+  double compile_ms = 0;
+};
+
+// CBOR encodings for the worker protocol.
+std::vector<uint8_t> encode_request(const CompileRequest& request);
+CompileRequest decode_request(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode_result(const CompileResult& result);
+CompileResult decode_result(const std::vector<uint8_t>& bytes);
+
+}  // namespace kiln::detail

@@ -1,0 +1,233 @@
+#include "jit/compiler.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/nvrtc.hpp"
+#include "core/env.hpp"
+#include "kiln/error.hpp"
+
+extern char** environ;
+
+namespace kiln {
+namespace {
+
+std::mutex& settings_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+JitSettings settings_from_env() {
+  JitSettings s;
+  if (auto mode = detail::env_string("KILN_COMPILE_ISOLATION")) {
+    if (*mode == "process") {
+      s.isolation = CompileIsolation::kWorkerProcess;
+    } else if (*mode == "inprocess") {
+      s.isolation = CompileIsolation::kInProcess;
+    } else {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("KILN_COMPILE_ISOLATION='{}' must be 'process' or 'inprocess'", *mode));
+    }
+  }
+  if (auto worker = detail::env_string("KILN_COMPILE_WORKER")) s.worker_path = *worker;
+  if (auto timeout = detail::env_int("KILN_COMPILE_TIMEOUT_S")) {
+    if (*timeout <= 0) throw Error(ErrorCode::kInvalidArgument, "KILN_COMPILE_TIMEOUT_S must be > 0");
+    s.timeout_seconds = static_cast<double>(*timeout);
+  }
+  return s;
+}
+
+JitSettings& current_settings() {
+  static JitSettings s = settings_from_env();
+  return s;
+}
+
+}  // namespace
+
+JitSettings jit_settings() {
+  std::lock_guard<std::mutex> lock(settings_mutex());
+  return current_settings();
+}
+
+void set_jit_settings(const JitSettings& settings) {
+  if (!(settings.timeout_seconds > 0)) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("JitSettings::timeout_seconds must be > 0, got {}", settings.timeout_seconds));
+  }
+  std::lock_guard<std::mutex> lock(settings_mutex());
+  current_settings() = settings;
+}
+
+namespace detail {
+namespace {
+
+// Closes a descriptor on every path.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f = -1) : fd(f) {}
+  ~Fd() { reset(); }
+  void reset() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  return "ended abnormally";
+}
+
+}  // namespace
+
+std::string default_worker_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&default_worker_path), &info) == 0 || info.dli_fname == nullptr) {
+    return "kiln-compile-worker";
+  }
+  namespace fs = std::filesystem;
+  const fs::path lib_dir = fs::path(info.dli_fname).parent_path();
+  return (lib_dir / ".." / "libexec" / "kiln" / "kiln-compile-worker").lexically_normal().string();
+}
+
+const std::string& compiler_identity(CompilerKind kind) {
+  switch (kind) {
+    case CompilerKind::kNvrtc: return cuda::nvrtc_identity();
+  }
+  throw Error(ErrorCode::kInternal, "unknown compiler kind");
+}
+
+CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
+                                double timeout_seconds) {
+  if (::access(worker_path.c_str(), X_OK) != 0) {
+    throw Error(ErrorCode::kCompileFailed,
+                fmt::format("compile worker {} is missing or not executable (set KILN_COMPILE_WORKER, or "
+                            "KILN_COMPILE_ISOLATION=inprocess)", worker_path));
+  }
+  // A socket for stdin: send() with MSG_NOSIGNAL cannot raise SIGPIPE in a host process when the
+  // worker dies before reading.
+  int in_pair[2], out_pipe[2], err_pipe[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) != 0) throw Error(ErrorCode::kCompileFailed, "socketpair failed");
+  Fd in_parent(in_pair[0]), in_child(in_pair[1]);
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) throw Error(ErrorCode::kCompileFailed, "pipe failed");
+  Fd out_parent(out_pipe[0]), out_child(out_pipe[1]);
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) throw Error(ErrorCode::kCompileFailed, "pipe failed");
+  Fd err_parent(err_pipe[0]), err_child(err_pipe[1]);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_child.fd, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_child.fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, err_child.fd, 2);
+  char* argv[] = {const_cast<char*>(worker_path.c_str()), nullptr};
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, worker_path.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    throw Error(ErrorCode::kCompileFailed, fmt::format("cannot start compile worker {}: {}", worker_path, strerror(spawned)));
+  }
+  in_child.reset();
+  out_child.reset();
+  err_child.reset();
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const std::vector<uint8_t> payload = encode_request(request);
+  size_t sent = 0;
+  std::vector<uint8_t> out;
+  std::string err;
+  bool timed_out = false;
+  fcntl(in_parent.fd, F_SETFL, O_NONBLOCK);
+  while (true) {
+    struct pollfd fds[3];
+    int n = 0;
+    if (out_parent.fd >= 0) fds[n++] = {out_parent.fd, POLLIN, 0};
+    if (err_parent.fd >= 0) fds[n++] = {err_parent.fd, POLLIN, 0};
+    const bool sending = in_parent.fd >= 0;
+    if (sending) fds[n++] = {in_parent.fd, POLLOUT, 0};
+    if (out_parent.fd < 0 && err_parent.fd < 0) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    if (poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::min<long long>(left, 1000))) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (fds[i].revents == 0) continue;
+      if (fds[i].fd == in_parent.fd) {
+        const ssize_t w = send(in_parent.fd, payload.data() + sent, payload.size() - sent, MSG_NOSIGNAL);
+        if (w > 0) sent += static_cast<size_t>(w);
+        if (w < 0 && errno != EAGAIN) in_parent.reset();  // worker gone; its status says why
+        if (sent == payload.size()) {
+          shutdown(in_parent.fd, SHUT_WR);
+          in_parent.reset();
+        }
+        continue;
+      }
+      char buf[65536];
+      const ssize_t r = read(fds[i].fd, buf, sizeof(buf));
+      if (r > 0) {
+        if (fds[i].fd == out_parent.fd) out.insert(out.end(), buf, buf + r);
+        else err.append(buf, static_cast<size_t>(r));
+      } else if (r == 0 || errno != EINTR) {
+        if (fds[i].fd == out_parent.fd) out_parent.reset();
+        else err_parent.reset();
+      }
+    }
+  }
+  if (timed_out) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const std::vector<std::string> options = request.options;
+  if (timed_out) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker took longer than {} s and was killed\n{}", timeout_seconds, err));
+  }
+  if (!WIFEXITED(status) || out.empty()) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker {} {}; the compiler crashed on this kernel\n{}",
+                                            worker_path, describe_status(status), err));
+  }
+  const uint8_t tag = out.front();
+  std::vector<uint8_t> body(out.begin() + 1, out.end());
+  if (tag == kWorkerOk) return decode_result(body);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::from_cbor(body);
+  } catch (const nlohmann::json::exception&) {
+    throw Error::compile_failed(request.kernel_name, request.target, options, "the compile worker sent a malformed reply\n" + err);
+  }
+  const auto code = static_cast<ErrorCode>(j.value("code", static_cast<int>(ErrorCode::kInternal)));
+  if (code == ErrorCode::kCompileFailed) {
+    throw Error::compile_failed(request.kernel_name, request.target,
+                                j.value("options", std::vector<std::string>{}), j.value("log", std::string{}));
+  }
+  throw Error(code, j.value("message", std::string("compile worker failed")));
+}
+
+CompileResult compile(const CompileRequest& request, const JitSettings& settings) {
+  if (settings.isolation == CompileIsolation::kInProcess) return cuda::nvrtc_compile(request);
+  const std::string worker = settings.worker_path.empty() ? default_worker_path() : settings.worker_path;
+  return compile_in_worker(request, worker, settings.timeout_seconds);
+}
+
+}  // namespace detail
+}  // namespace kiln

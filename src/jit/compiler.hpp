@@ -1,0 +1,26 @@
+// Runs a CompileRequest with the configured isolation (kiln/jit.hpp).
+#pragma once
+
+#include <string>
+
+#include "jit/compile_request.hpp"
+#include "kiln/jit.hpp"
+
+namespace kiln::detail {
+
+CompileResult compile(const CompileRequest& request, const JitSettings& settings);
+// In a worker process under a time limit. Throws kiln::Error(kCompileFailed) when the worker
+// crashes, hangs past the limit or reports a compile error.
+CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
+                                double timeout_seconds);
+// The compiler identity a key records for this request's compiler.
+const std::string& compiler_identity(CompilerKind kind);
+// The worker kiln would use: JitSettings::worker_path, else beside libkiln.
+std::string default_worker_path();
+
+// Worker protocol: the request's CBOR on stdin; on stdout one status byte then CBOR — status 0:
+// an encode_result() payload; status 1: {"code", "message", "log", "options", "target"}.
+inline constexpr uint8_t kWorkerOk = 0;
+inline constexpr uint8_t kWorkerError = 1;
+
+}  // namespace kiln::detail

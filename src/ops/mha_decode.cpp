@@ -1,0 +1,166 @@
+// mha_decode_with_kvcache: argument validation, the selector's signature, the parameter block.
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "attention/params.h"
+#include "kiln/error.hpp"
+#include "kiln/ops.hpp"
+#include "ops/dispatch.hpp"
+#include "ops/validate.hpp"
+
+namespace kiln {
+
+using detail::check_dim;
+using detail::check_optional_tensor;
+using detail::check_same_device;
+using detail::check_tensor;
+using detail::invalid_argument;
+
+void validate(const MhaDecodeArgs& a) {
+  const std::initializer_list<DType> half_types = {DType::kBF16, DType::kF16};
+  check_tensor(a.q, {"q", 3, half_types});
+  check_tensor(a.out, {"out", 3, half_types});
+  check_tensor(a.k_cache, {"k_cache", 4, {DType::kBF16, DType::kF16, DType::kF8E4M3}});
+  check_tensor(a.v_cache, {"v_cache", 4, {DType::kBF16, DType::kF16, DType::kF8E4M3}});
+  check_tensor(a.page_table, {"page_table", 2, {DType::kI32}, 4});
+  check_tensor(a.cache_seqlens, {"cache_seqlens", 1, {DType::kI32}, 4});
+  check_optional_tensor(a.lse, {"lse", 2, {DType::kF32}, 4});
+  check_optional_tensor(a.sinks, {"sinks", 1, {DType::kF32}, 4});
+  if (a.q.device == kHostDevice) invalid_argument("q: must be in device memory, got host memory");
+  for (auto [t, name] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"},
+                         {&a.out, "out"}, {&a.lse, "lse"}}) {
+    if (t->defined() && t->device == kHostDevice) {
+      invalid_argument(fmt::format("{}: must be in device memory, got host memory", name));
+    }
+    check_same_device(*t, name, a.q, "q");
+  }
+  check_same_device(a.page_table, "page_table", a.q, "q");
+  check_same_device(a.cache_seqlens, "cache_seqlens", a.q, "q");
+  check_same_device(a.sinks, "sinks", a.q, "q");
+
+  if (a.out.dtype != a.q.dtype) {
+    invalid_argument(fmt::format("out: dtype {} must match q's dtype {}", dtype_name(a.out.dtype),
+                                 dtype_name(a.q.dtype)));
+  }
+  if (a.k_cache.dtype != a.v_cache.dtype) {
+    invalid_argument(fmt::format("v_cache: dtype {} must match k_cache's dtype {}",
+                                 dtype_name(a.v_cache.dtype), dtype_name(a.k_cache.dtype)));
+  }
+  if (a.k_cache.dtype != a.q.dtype && a.k_cache.dtype != DType::kF8E4M3) {
+    invalid_argument(fmt::format("k_cache: dtype must be q's dtype {} or e4m3, got {}",
+                                 dtype_name(a.q.dtype), dtype_name(a.k_cache.dtype)));
+  }
+  if (a.q_len < 1 || a.q_len > 8) invalid_argument(fmt::format("q_len: must be 1..8, got {}", a.q_len));
+  const int64_t rows = a.q.size(0), hq = a.q.size(1), d = a.q.size(2);
+  if (rows % a.q_len != 0) {
+    invalid_argument(fmt::format("q: dimension 0 ({}) must be batch * q_len (q_len = {})", rows, a.q_len));
+  }
+  const int64_t batch = rows / a.q_len;
+  const int64_t num_pages = a.k_cache.size(0), page_size = a.k_cache.size(1), hkv = a.k_cache.size(2);
+  if (d <= 0 || d % 8 != 0) invalid_argument(fmt::format("q: head_dim (dimension 2) must be a positive multiple of 8, got {}", d));
+  if (hq <= 0) invalid_argument("q: number of heads (dimension 1) must be positive");
+  if (hkv <= 0) invalid_argument("k_cache: number of heads (dimension 2) must be positive");
+  if (page_size <= 0) invalid_argument("k_cache: page_size (dimension 1) must be positive");
+  check_dim(a.k_cache, "k_cache", 3, d, "q's head_dim");
+  for (int i = 0; i < 4; ++i) check_dim(a.v_cache, "v_cache", i, a.k_cache.size(i), "k_cache's size");
+  if (hq % hkv != 0) invalid_argument(fmt::format("q/k_cache: Hq = {} must be a multiple of Hkv = {}", hq, hkv));
+  for (int i = 0; i < 3; ++i) check_dim(a.out, "out", i, a.q.size(i), "q's size");
+  check_dim(a.page_table, "page_table", 0, batch, "batch (q rows / q_len)");
+  check_dim(a.cache_seqlens, "cache_seqlens", 0, batch, "batch (q rows / q_len)");
+  const int64_t max_pages = a.page_table.size(1);
+  if (a.lse.defined()) {
+    check_dim(a.lse, "lse", 0, rows, "q rows");
+    check_dim(a.lse, "lse", 1, hq, "Hq");
+  }
+  if (a.sinks.defined()) check_dim(a.sinks, "sinks", 0, hq, "Hq");
+  if (!std::isfinite(a.softmax_scale)) invalid_argument("softmax_scale: must be finite");
+  if (!std::isfinite(a.softcap) || a.softcap < 0) invalid_argument(fmt::format("softcap: must be >= 0 (0 = none), got {}", a.softcap));
+  if (a.window_left < -1) invalid_argument(fmt::format("window_left: must be -1 (none) or >= 0, got {}", a.window_left));
+  if (a.k_cache.dtype == DType::kF8E4M3) {
+    if (!(std::isfinite(a.k_scale) && a.k_scale > 0)) invalid_argument(fmt::format("k_scale: must be finite and > 0 for an e4m3 cache, got {}", a.k_scale));
+    if (!(std::isfinite(a.v_scale) && a.v_scale > 0)) invalid_argument(fmt::format("v_scale: must be finite and > 0 for an e4m3 cache, got {}", a.v_scale));
+  }
+  // Host-resident metadata can be checked element by element.
+  if (a.cache_seqlens.device == kHostDevice && batch > 0) {
+    const int* len = static_cast<const int*>(a.cache_seqlens.data);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t l = len[b * a.cache_seqlens.stride(0)];
+      if (l < 0 || l > max_pages * page_size) {
+        invalid_argument(fmt::format("cache_seqlens[{}] = {} is outside [0, max_pages_per_seq * page_size = {}]", b, l, max_pages * page_size));
+      }
+      if (l > 0 && l < a.q_len) {
+        invalid_argument(fmt::format("cache_seqlens[{}] = {} is smaller than q_len = {} (the new tokens are in the cache)", b, l, a.q_len));
+      }
+    }
+  }
+  if (a.page_table.device == kHostDevice && batch > 0) {
+    const int* pt = static_cast<const int*>(a.page_table.data);
+    const int* len = a.cache_seqlens.device == kHostDevice ? static_cast<const int*>(a.cache_seqlens.data) : nullptr;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t used = len ? (len[b * a.cache_seqlens.stride(0)] + page_size - 1) / page_size : max_pages;
+      for (int64_t p = 0; p < used; ++p) {
+        const int idx = pt[b * a.page_table.stride(0) + p];
+        if (idx < 0 || idx >= num_pages) {
+          invalid_argument(fmt::format("page_table[{}][{}] = {} is outside [0, num_pages = {})", b, p, idx, num_pages));
+        }
+      }
+    }
+  }
+}
+
+Signature signature_of(const MhaDecodeArgs& a) {
+  Signature sig({kFamilyAttention, kModeDecode});
+  sig.set("dtype", dtype_name(a.q.dtype));
+  sig.set("kv_dtype", dtype_name(a.k_cache.dtype));
+  sig.set("head_dim", a.q.size(2));
+  sig.set("group", a.q.size(1) / a.k_cache.size(2));
+  sig.set("page_size", a.k_cache.size(1));
+  sig.set("q_len", int64_t{a.q_len});
+  sig.set_flag("window", a.window_left >= 0);
+  sig.set_flag("sinks", a.sinks.defined());
+  sig.set_flag("softcap", a.softcap > 0);
+  sig.set_flag("lse", a.lse.defined());
+  return sig;
+}
+
+void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
+  validate(a);
+  KilnDecodeParams p{};
+  p.q = a.q.data;
+  p.k_cache = a.k_cache.data;
+  p.v_cache = a.v_cache.data;
+  p.out = a.out.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.sinks = static_cast<const float*>(a.sinks.data);
+  p.page_table = static_cast<const int*>(a.page_table.data);
+  p.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
+  p.q_row_stride = a.q.stride(0);
+  p.q_head_stride = a.q.stride(1);
+  p.k_page_stride = a.k_cache.stride(0);
+  p.k_row_stride = a.k_cache.stride(1);
+  p.k_head_stride = a.k_cache.stride(2);
+  p.v_page_stride = a.v_cache.stride(0);
+  p.v_row_stride = a.v_cache.stride(1);
+  p.v_head_stride = a.v_cache.stride(2);
+  p.out_row_stride = a.out.stride(0);
+  p.out_head_stride = a.out.stride(1);
+  p.lse_row_stride = a.lse.defined() ? a.lse.stride(0) : 0;
+  p.page_table_stride = a.page_table.stride(0);
+  p.batch = static_cast<int>(a.q.size(0) / a.q_len);
+  p.q_len = a.q_len;
+  p.num_heads_q = static_cast<int>(a.q.size(1));
+  p.num_heads_kv = static_cast<int>(a.k_cache.size(2));
+  p.head_dim = static_cast<int>(a.q.size(2));
+  p.page_size = static_cast<int>(a.k_cache.size(1));
+  p.max_pages_per_seq = static_cast<int>(a.page_table.size(1));
+  p.window_left = a.window_left;
+  p.softmax_scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  p.softcap = a.softcap;
+  p.k_scale = a.k_cache.dtype == DType::kF8E4M3 ? a.k_scale : 1.0f;
+  p.v_scale = a.k_cache.dtype == DType::kF8E4M3 ? a.v_scale : 1.0f;
+  if (a.q.numel() == 0) return;
+  detail::run_operator(signature_of(a), a.q.device, &p, sizeof(p), stream);
+}
+
+}  // namespace kiln

@@ -1,0 +1,31 @@
+// Tensor argument checks shared by the operators. Each failure throws
+// kiln::Error(kInvalidArgument) naming the argument and what was expected.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "kiln/tensor.hpp"
+
+namespace kiln::detail {
+
+struct TensorRule {
+  const char* name;                    // argument name as the caller knows it: "q", "k_cache"
+  int rank;
+  std::initializer_list<DType> dtypes;
+  size_t alignment = 16;               // bytes, for the data pointer and every outer stride
+};
+
+// Checks one tensor: present, rank, dtype, non-null data (unless empty), sizes >= 0,
+// last dimension contiguous, alignment, and that its largest offset fits 32-bit indexing.
+void check_tensor(const TensorView& t, const TensorRule& rule);
+// Same, for an optional tensor: absent is fine.
+void check_optional_tensor(const TensorView& t, const TensorRule& rule);
+
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected,
+               const char* expected_what);
+void check_same_device(const TensorView& t, const char* name, const TensorView& ref,
+                       const char* ref_name);
+[[noreturn]] void invalid_argument(const std::string& message);
+
+}  // namespace kiln::detail
