@@ -21,9 +21,9 @@ struct DriverLibrary {
 const DriverLibrary& driver_library() {
   static const DriverLibrary lib = [] {
     DriverLibrary l;
-    std::vector<std::string> candidates;
-    if (auto path = env_string("KILN_LIBCUDA")) candidates.push_back(*path);
-    candidates.insert(candidates.end(), {"libcuda.so.1", "libcuda.so"});
+    // KILN_LIBCUDA names the one library to use (also how tests simulate a missing driver).
+    std::vector<std::string> candidates = {"libcuda.so.1", "libcuda.so"};
+    if (auto path = env_string("KILN_LIBCUDA")) candidates = {*path};
     try {
       l.library = std::make_unique<DynamicLibrary>("the NVIDIA driver (libcuda)", candidates);
     } catch (const Error& e) {

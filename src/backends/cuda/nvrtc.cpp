@@ -24,10 +24,10 @@ const DynamicLibrary& nvrtc_library() {
     dirs.push_back("/usr/local/cuda/lib64/");
     dirs.push_back("");  // the loader's search path
     std::vector<std::string> candidates;
-    if (auto path = env_string("KILN_LIBNVRTC")) candidates.push_back(*path);
     for (const char* soname : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) {
       for (const auto& dir : dirs) candidates.push_back(dir + soname);
     }
+    if (auto path = env_string("KILN_LIBNVRTC")) candidates = {*path};  // exactly this one
     return std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", candidates);
   }();
   return *lib;

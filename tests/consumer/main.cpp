@@ -1,0 +1,23 @@
+// An embedding project: finds kiln with find_package, lists kernels, selects and validates.
+#include <cstdio>
+
+#include <kiln/kiln.h>
+#include <kiln/kiln.hpp>
+
+int main() {
+  const auto kernels = kiln::Registry::global().kernels();
+  if (kernels.empty()) {
+    std::fprintf(stderr, "no kernels registered\n");
+    return 1;
+  }
+  kiln::Signature sig({kiln::kFamilyAttention, kiln::kModePrefill});
+  sig.set("dtype", "bf16").set("head_dim", int64_t{128}).set("group", int64_t{8});
+  for (const char* flag : {"causal", "window", "sinks", "softcap", "lse"}) sig.set_flag(flag, false);
+  const auto chosen = kiln::Registry::global().select(sig, kiln::platform_for_target("sm_90a"));
+  // The C ABI reports a bad call with a status and a message.
+  kiln_mha_prefill_args args{};
+  const kiln_status status = kiln_mha_prefill(&args, nullptr);
+  std::printf("kiln %s: %zu kernels; selected %s; empty call -> status %d (%s)\n", kiln_version(),
+              kernels.size(), chosen->name.c_str(), static_cast<int>(status), kiln_last_error());
+  return status == KILN_ERROR_INVALID_ARGUMENT ? 0 : 1;
+}

@@ -1,0 +1,15 @@
+# Installs the kiln build into WORK_DIR/prefix, builds tests/consumer against it, runs both
+# consumers. Fails on any step.
+file(REMOVE_RECURSE "${WORK_DIR}")
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGV}")
+  endif()
+endfunction()
+run(${CMAKE_COMMAND} --install "${KILN_BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE}" -B "${WORK_DIR}/build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" -j 2)
+run("${WORK_DIR}/build/consumer_shared")
+run("${WORK_DIR}/build/consumer_static")

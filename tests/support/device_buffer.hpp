@@ -1,0 +1,65 @@
+// Test helpers for GPU tests: a primary context made current, RAII device buffers through the
+// driver API (the same dlopen()ed driver kiln uses), and host encodings of the number formats.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kiln/tensor.hpp"
+
+namespace kiln::test {
+
+// True when a GPU is usable; makes device 0's primary context current for the calling thread.
+bool use_first_gpu();
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) { other.ptr_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+  void fill_bytes(uint8_t value);  // poison
+
+  template <typename T>
+  static DeviceBuffer from(const std::vector<T>& host) {
+    DeviceBuffer b(host.size() * sizeof(T) + 16);
+    b.upload(host.data(), host.size() * sizeof(T));
+    return b;
+  }
+  template <typename T>
+  std::vector<T> to_host(size_t count) const {
+    std::vector<T> out(count);
+    download(out.data(), count * sizeof(T));
+    return out;
+  }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+void synchronize();
+
+uint16_t float_to_bf16(float f);  // round to nearest even
+float bf16_to_float(uint16_t b);
+uint16_t float_to_f16(float f);
+float f16_to_float(uint16_t h);
+float e4m3_to_float(uint8_t v);
+float e2m1_to_float(uint8_t nibble);
+float e8m0_to_float(uint8_t v);
+
+// Random values of a 16-bit float type: `values` receives what the bits decode to, so the
+// reference computes on exactly what the kernel reads.
+std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values);
+
+}  // namespace kiln::test

@@ -1,0 +1,62 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kiln/kiln.h"
+
+namespace {
+
+kiln_tensor contiguous(void* data, kiln_dtype dtype, std::initializer_list<int64_t> shape) {
+  kiln_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+TEST(CApi, StatusAndThreadLocalMessage) {
+  EXPECT_EQ(kiln_mha_prefill(nullptr, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("args: must not be NULL"), std::string::npos);
+  kiln_mha_prefill_args args{};
+  EXPECT_EQ(kiln_mha_prefill(&args, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("q: required tensor is missing"), std::string::npos);
+}
+
+TEST(CApi, BadDtypeCodeIsAnArgumentError) {
+  kiln_tensor q = contiguous(reinterpret_cast<void*>(0x100000), KILN_BF16, {4, 8, 64});
+  q.dtype = 42;
+  kiln_mha_decode_args args{};
+  args.q = &q;
+  EXPECT_EQ(kiln_mha_decode_with_kvcache(&args, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("q: dtype code 42 is not a kiln_dtype"), std::string::npos);
+}
+
+TEST(CApi, ExplainAndListReturnJson) {
+  char* json = nullptr;
+  ASSERT_EQ(kiln_list_kernels_json(&json), KILN_OK) << kiln_last_error();
+  EXPECT_NE(std::string(json).find("attention.prefill.reference"), std::string::npos);
+  kiln_free_string(json);
+  ASSERT_EQ(kiln_explain_json("mha_decode_with_kvcache", "dtype=bf16,kv_dtype=bf16,head_dim=128,group=8,page_size=16,q_len=1",
+                              "sm_90a", &json), KILN_OK) << kiln_last_error();
+  EXPECT_NE(std::string(json).find("\"selected\": \"attention.decode.reference\""), std::string::npos) << json;
+  kiln_free_string(json);
+  EXPECT_EQ(kiln_explain_json("mha_decode", "dtype=bf16", "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kiln_explain_json("moe_apply", "dtype=bf16", "sm_13", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("unknown arch 'sm_13'"), std::string::npos);
+}
+
+TEST(CApi, OverrideOfUnknownOperatorIsRefused) {
+  EXPECT_EQ(kiln_set_override("nope", "x"), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kiln_set_override("moe_apply", nullptr), KILN_OK);
+  EXPECT_EQ(kiln_load_plugin("/nonexistent/plugin.so"), KILN_ERROR_PLUGIN);
+  EXPECT_NE(std::string(kiln_last_error()).find("dlopen failed"), std::string::npos);
+}
+
+}  // namespace

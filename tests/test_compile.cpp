@@ -1,0 +1,200 @@
+// Every registered NVIDIA kernel compiles to a CUBIN for every target it claims, and the JIT
+// key reacts to exactly what changes the binary.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "jit/compiler.hpp"
+#include "jit/key.hpp"
+#include "jit/pipeline.hpp"
+#include "kiln/error.hpp"
+#include "kiln/jit.hpp"
+#include "kiln/ops.hpp"
+#include "kiln/registry.hpp"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Representative signatures per operator; each kernel compiles the first it accepts.
+std::vector<Signature> representative_signatures() {
+  std::vector<Signature> out;
+  for (const char* dtype : {"bf16", "f16"}) {
+    for (int64_t d : {64, 128}) {
+      Signature p({kFamilyAttention, kModePrefill});
+      p.set("dtype", dtype).set("head_dim", d).set("group", int64_t{8}).set_flag("causal", true);
+      for (const char* f : {"window", "sinks", "softcap", "lse"}) p.set_flag(f, false);
+      out.push_back(p);
+      for (const char* kv : {dtype, "e4m3"}) {
+        Signature s({kFamilyAttention, kModeDecode});
+        s.set("dtype", dtype).set("kv_dtype", kv).set("head_dim", d).set("group", int64_t{8});
+        s.set("page_size", int64_t{16}).set("q_len", int64_t{1});
+        for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
+        out.push_back(s);
+      }
+    }
+  }
+  for (const char* weights : {"bf16", "mxfp4"}) {
+    Signature m({kFamilyMoe, kModeApply});
+    m.set("dtype", "bf16").set("weights", weights).set("hidden", int64_t{2880}).set("inter", int64_t{2880});
+    m.set("experts", int64_t{128}).set("top_k", int64_t{4}).set("routing", "topk_softmax").set("logits", "bf16");
+    m.set("activation", "swiglu_clamped").set("layout", "interleaved").set("w13_bias", "f32").set("w2_bias", "f32");
+    out.push_back(m);
+  }
+  return out;
+}
+
+bool contains(const std::vector<uint8_t>& bytes, const std::string& needle) {
+  return std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end()) != bytes.end();
+}
+
+TEST(Compile, EveryKernelForEveryClaimedTarget) {
+  const auto signatures = representative_signatures();
+  std::vector<std::future<std::string>> jobs;
+  int compiled = 0;
+  for (const auto& spec : Registry::global().kernels()) {
+    if (spec->origin != "builtin" || spec->backend != Backend::kCuda) continue;
+    const Signature* sig = nullptr;
+    for (const auto& s : signatures) {
+      if (s.op().family == spec->family && s.op().mode == spec->mode && !spec->accepts(s)) {
+        sig = &s;
+        break;
+      }
+    }
+    ASSERT_NE(sig, nullptr) << spec->name << " accepts no representative signature";
+    for (const auto& target : known_targets()) {
+      const Platform p = platform_for_target(target);
+      const Explanation ex = Registry::global().explain(*sig, p);
+      bool claims = false;
+      for (const auto& c : ex.candidates) claims |= (c.kernel == spec->name && c.eligible);
+      if (!claims) continue;
+      ++compiled;
+      // Different keys compile in parallel.
+      jobs.push_back(std::async(std::launch::async, [spec, sig, p]() -> std::string {
+        const auto request = detail::build_request(*spec, *sig, p);
+        const auto binary = detail::get_or_compile(request);
+        const auto& b = binary->result.binary;
+        if (b.size() < 4 || !(b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F')) return spec->name + " " + p.arch + ": not an ELF CUBIN";
+        if (!contains(b, binary->result.lowered_name)) return spec->name + " " + p.arch + ": entry " + binary->result.lowered_name + " not in the binary";
+        return "";
+      }));
+    }
+  }
+  for (auto& j : jobs) EXPECT_EQ(j.get(), "");
+  EXPECT_GE(compiled, 3 * 5) << "each reference kernel claims sm_80 .. sm_120a";
+}
+
+TEST(Compile, SameKeyCompilesOncePerProcess) {
+  Signature sig({kFamilyAttention, kModePrefill});
+  sig.set("dtype", "f16").set("head_dim", int64_t{96}).set("group", int64_t{2}).set_flag("causal", false);
+  for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, true);
+  const auto spec = Registry::global().find("attention.prefill.reference");
+  const auto request = detail::build_request(*spec, sig, platform_for_target("sm_89"));
+  std::vector<std::future<std::shared_ptr<const detail::CompiledBinary>>> results;
+  for (int i = 0; i < 8; ++i) results.push_back(std::async(std::launch::async, [&] { return detail::get_or_compile(request); }));
+  const auto first = results[0].get();
+  for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i].get().get(), first.get());
+}
+
+class KeyTest : public ::testing::Test {
+ protected:
+  detail::CompileRequest request(const std::string& target = "sm_90a") {
+    Signature sig({kFamilyAttention, kModeDecode});
+    sig.set("dtype", "bf16").set("kv_dtype", "bf16").set("head_dim", int64_t{128}).set("group", int64_t{8});
+    return detail::build_request(*Registry::global().find("attention.decode.reference"), sig, platform_for_target(target));
+  }
+  detail::KernelKey key(const detail::CompileRequest& r) { return detail::compute_key(r, detail::compiler_identity(r.compiler)); }
+
+  // A copy of kernel-sources/ under a fresh directory, used through KILN_KERNEL_SOURCES.
+  fs::path copy_sources(const std::string& name) {
+    const fs::path dir = fs::temp_directory_path() / ("kiln-keytest-" + std::to_string(::getpid()) + "-" + name);
+    fs::remove_all(dir);
+    fs::copy(KILN_TEST_KERNEL_SOURCES, dir, fs::copy_options::recursive);
+    made_.push_back(dir);
+    return dir;
+  }
+  void TearDown() override {
+    ::unsetenv("KILN_KERNEL_SOURCES");
+    for (const auto& d : made_) fs::remove_all(d);
+  }
+  std::vector<fs::path> made_;
+};
+
+TEST_F(KeyTest, ChangesWithSourceHeaderOptionAndTarget) {
+  const auto base = request();
+  const auto k = key(base);
+  auto changed = base;
+  changed.source += "\n// a comment changes the source\n";
+  EXPECT_NE(key(changed), k);
+  changed = base;
+  ASSERT_FALSE(changed.headers.empty());
+  changed.headers.back().second += "\n";
+  EXPECT_NE(key(changed), k);
+  changed = base;
+  changed.options.push_back("-DKILN_EXTRA=1");
+  EXPECT_NE(key(changed), k);
+  EXPECT_NE(key(request("sm_100a")), k);
+  EXPECT_NE(detail::compute_key(base, "nvrtc 99.0 0000"), k);
+  EXPECT_EQ(key(request()), k);
+}
+
+TEST_F(KeyTest, DoesNotChangeWithPathOrMtime) {
+  const auto embedded = key(request());
+  const fs::path a = copy_sources("a");
+  const fs::path b = copy_sources("b");
+  fs::last_write_time(b / "common" / "prelude.cuh", fs::file_time_type::clock::now() - std::chrono::hours(24 * 365));
+  ::setenv("KILN_KERNEL_SOURCES", a.c_str(), 1);
+  EXPECT_EQ(key(request()), embedded);
+  ::setenv("KILN_KERNEL_SOURCES", b.c_str(), 1);
+  EXPECT_EQ(key(request()), embedded);
+}
+
+TEST_F(KeyTest, AnIncludedHeaderOnDiskChangesIt) {
+  const auto embedded = key(request());
+  const fs::path dir = copy_sources("edited");
+  std::ofstream(dir / "common" / "prelude.cuh", std::ios::app) << "\n// edited\n";
+  ::setenv("KILN_KERNEL_SOURCES", dir.c_str(), 1);
+  EXPECT_NE(key(request()), embedded);
+}
+
+TEST(Driver, MissingDriverIsAClearErrorWhileOfflineCompilesWork) {
+  // In a separate process, so this test sees a missing libcuda even on a GPU machine.
+  const std::string cli = KILN_TEST_CLI;
+  const std::string env = "KILN_LIBCUDA=/nonexistent/libcuda.so.1 ";
+  EXPECT_EQ(std::system((env + cli + " devices > /dev/null").c_str()), 0);
+  const std::string out = testing::TempDir() + "/devices.json";
+  ASSERT_EQ(std::system((env + cli + " devices --json > " + out).c_str()), 0);
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("/nonexistent/libcuda.so.1"), std::string::npos) << json;
+  EXPECT_EQ(std::system((env + cli + " compile mha_prefill --target sm_90a --sig dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null").c_str()), 0);
+  const int rc = std::system((env + cli + " explain mha_prefill --sig dtype=bf16,head_dim=64 > /dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 5) << "no target and no driver: exit code 5";
+}
+
+TEST(Driver, OperatorCallWithoutDriverNamesLibcuda) {
+  if (!detect_devices().devices.empty()) GTEST_SKIP() << "a GPU is present; covered by the subprocess test";
+  MhaDecodeArgs a;
+  void* p = reinterpret_cast<void*>(0x100000000ull);
+  a.q = TensorView::contiguous(p, DType::kBF16, {1, 8, 64});
+  a.out = a.q;
+  a.k_cache = TensorView::contiguous(p, DType::kBF16, {4, 16, 1, 64});
+  a.v_cache = a.k_cache;
+  a.page_table = TensorView::contiguous(p, DType::kI32, {1, 4});
+  a.cache_seqlens = TensorView::contiguous(p, DType::kI32, {1});
+  try {
+    mha_decode_with_kvcache(a, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDriverError);
+    EXPECT_NE(std::string(e.what()).find("libcuda"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln

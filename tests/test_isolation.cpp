@@ -1,0 +1,106 @@
+// Compile isolation: a crashing or hanging compiler costs the worker process, never the caller.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "backends/cuda/nvrtc.hpp"
+#include "jit/compiler.hpp"
+#include "jit/pipeline.hpp"
+#include "kiln/error.hpp"
+#include "kiln/registry.hpp"
+
+namespace kiln::detail {
+namespace {
+
+CompileRequest reference_request() {
+  Signature sig({kFamilyAttention, kModeDecode});
+  sig.set("dtype", "bf16").set("kv_dtype", "bf16").set("head_dim", int64_t{128}).set("group", int64_t{8});
+  auto spec = Registry::global().find("attention.decode.reference");
+  return build_request(*spec, sig, platform_for_target("sm_90a"));
+}
+
+TEST(Isolation, WorkerCompileMatchesInProcess) {
+  const CompileRequest r = reference_request();
+  const CompileResult in_worker = compile_in_worker(r, default_worker_path(), 120);
+  const CompileResult in_process = cuda::nvrtc_compile(r);
+  EXPECT_GT(in_worker.binary.size(), 0u);
+  EXPECT_EQ(in_worker.binary, in_process.binary);
+  EXPECT_EQ(in_worker.lowered_name, in_process.lowered_name);
+}
+
+TEST(Isolation, CompileErrorFromWorkerKeepsTheLog) {
+  CompileRequest r = reference_request();
+  r.source += "\nthis is not C++;\n";
+  try {
+    compile_in_worker(r, default_worker_path(), 120);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCompileFailed);
+    EXPECT_NE(e.compile_log().find("error"), std::string::npos) << e.compile_log();
+    EXPECT_EQ(e.compile_target(), "sm_90a");
+    EXPECT_NE(std::string(e.what()).find("-arch=sm_90a"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Isolation, RealNvrtcCrashBecomesAnError) {
+  std::ifstream in(std::string(KILN_TEST_KERNEL_SOURCES) + "/../tests/support/nvrtc_crash_wgmma.cu");
+  std::stringstream text;
+  text << in.rdbuf();
+  CompileRequest r;
+  r.kernel_name = "nvrtc-crash-repro";
+  r.source_name = "crash.cu";
+  r.source = text.str();
+  r.target = "sm_90a";
+  ASSERT_FALSE(r.source.empty());
+  try {
+    compile_in_worker(r, default_worker_path(), 120);
+    GTEST_SKIP() << "this NVRTC no longer crashes on the wgmma input";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCompileFailed);
+    EXPECT_NE(std::string(e.what()).find("killed by signal"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Isolation, CrashingWorker) {
+  try {
+    compile_in_worker(reference_request(), KILN_TEST_FAKE_WORKER_CRASH, 30);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCompileFailed);
+    EXPECT_NE(std::string(e.what()).find("killed by signal 11"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Isolation, HangingWorkerIsKilledAtTheLimit) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    compile_in_worker(reference_request(), KILN_TEST_FAKE_WORKER_HANG, 1.5);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCompileFailed);
+    EXPECT_NE(std::string(e.what()).find("took longer than 1.5 s and was killed"), std::string::npos) << e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST(Isolation, MissingWorkerIsAClearError) {
+  try {
+    compile_in_worker(reference_request(), "/nonexistent/kiln-compile-worker", 10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_COMPILE_ISOLATION=inprocess"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Isolation, SettingsAreValidated) {
+  JitSettings s = jit_settings();
+  EXPECT_EQ(s.isolation, CompileIsolation::kWorkerProcess);  // the default
+  s.timeout_seconds = 0;
+  EXPECT_THROW(set_jit_settings(s), Error);
+}
+
+}  // namespace
+}  // namespace kiln::detail

@@ -1,0 +1,57 @@
+// Loads the real test plugin built by the suite (tests/plugin/test_plugin.c) into the global
+// registry, and a copy built for a wrong ABI version.
+#include <gtest/gtest.h>
+
+#include "jit/pipeline.hpp"
+#include "kiln/error.hpp"
+#include "kiln/jit.hpp"
+#include "kiln/registry.hpp"
+
+namespace kiln {
+namespace {
+
+Signature prefill_sig(int64_t head_dim, bool causal) {
+  Signature s({kFamilyAttention, kModePrefill});
+  s.set("dtype", "bf16").set("head_dim", head_dim).set("group", int64_t{8}).set_flag("causal", causal);
+  for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
+  return s;
+}
+
+TEST(Plugin, LoadsAndWinsWhereItApplies) {
+  load_plugin(KILN_TEST_PLUGIN_GOOD);
+  load_plugin(KILN_TEST_PLUGIN_GOOD);  // a second load is a no-op, not a duplicate
+  auto spec = Registry::global().find("testplugin.attention.prefill.causal64");
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(spec->priority, Priority::kPlugin);
+  EXPECT_EQ(spec->origin, KILN_TEST_PLUGIN_GOOD);
+  const Platform h = platform_for_target("sm_90a");
+  EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "testplugin.attention.prefill.causal64");
+  EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.reference");
+  const Explanation ex = Registry::global().explain(prefill_sig(64, false), h);
+  EXPECT_NE(ex.to_text().find("signature: testplugin handles causal attention only"), std::string::npos) << ex.to_text();
+}
+
+TEST(Plugin, ItsSourceCompilesThroughTheJit) {
+  load_plugin(KILN_TEST_PLUGIN_GOOD);
+  const CompiledKernel k = compile_for_target(prefill_sig(64, true), "sm_90a");
+  EXPECT_EQ(k.kernel, "testplugin.attention.prefill.causal64");
+  EXPECT_EQ(k.lowered_name, "testplugin_prefill");
+  EXPECT_GT(k.binary.size(), 0u);
+}
+
+TEST(Plugin, AbiMismatchIsRefusedWithBothVersions) {
+  try {
+    load_plugin(KILN_TEST_PLUGIN_BAD_ABI);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPluginError);
+    EXPECT_NE(std::string(e.what()).find("built for plugin ABI version 999, this kiln speaks version 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plugin, MissingFileOrEntryIsRefused) {
+  EXPECT_THROW(load_plugin("/nonexistent.so"), Error);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,203 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include "kiln/error.hpp"
+#include "kiln/registry.hpp"
+
+namespace kiln {
+namespace {
+
+const OperatorId kPrefill{kFamilyAttention, kModePrefill};
+
+// A kernel that accepts head_dim in `dims` (all when empty).
+KernelSpec make_kernel(const std::string& name, Priority priority, std::vector<int64_t> dims = {},
+                       Requirements req = {}, int specificity = 0) {
+  KernelSpec k;
+  k.name = name;
+  k.family = kFamilyAttention;
+  k.mode = kModePrefill;
+  k.priority = priority;
+  k.requirements = req;
+  k.specificity = specificity;
+  k.source = "attention/prefill_reference.cuh";
+  k.accepts = [dims](const Signature& sig) -> std::optional<std::string> {
+    if (dims.empty()) return std::nullopt;
+    for (int64_t d : dims) {
+      if (sig.get_int("head_dim") == d) return std::nullopt;
+    }
+    return "head_dim " + sig.get("head_dim") + " unsupported";
+  };
+  k.specialize = [](const Signature&, const Platform&) { return Specialization{"f", {}}; };
+  k.launch_shape = [](const void*, const Platform&) { return LaunchShape{}; };
+  return k;
+}
+
+Requirements hopper_only() {
+  Requirements r;
+  r.min_arch = 90;
+  r.max_arch = 90;
+  r.features = {"mma:wgmma"};
+  return r;
+}
+
+Signature sig_with_head_dim(int64_t d) {
+  Signature s(kPrefill);
+  s.set("dtype", "bf16").set("head_dim", d);
+  return s;
+}
+
+TEST(Selector, RanksByPriorityThenSpecificityThenName) {
+  Registry r;
+  r.add(make_kernel("ref", Priority::kReference));
+  r.add(make_kernel("portable", Priority::kPortable));
+  r.add(make_kernel("fast_b", Priority::kPerformant, {128}, {}, 1));
+  r.add(make_kernel("fast_a", Priority::kPerformant, {128}, {}, 2));
+  const Platform h = platform_for_target("sm_90a");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "fast_a");  // more specific
+  EXPECT_EQ(r.select(sig_with_head_dim(64), h)->name, "portable");
+}
+
+TEST(Selector, FiltersByPlatformWithReasons) {
+  Registry r;
+  r.add(make_kernel("ref", Priority::kReference));
+  r.add(make_kernel("hopper", Priority::kSpecialized, {}, hopper_only()));
+  Requirements amd;
+  amd.vendor = Vendor::kAmd;
+  r.add(make_kernel("mi", Priority::kSpecialized, {}, amd));
+  EXPECT_EQ(r.select(sig_with_head_dim(128), platform_for_target("sm_90a"))->name, "hopper");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), platform_for_target("sm_80"))->name, "ref");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), platform_for_target("gfx942"))->name, "mi");
+
+  const Explanation on_sm90 = r.explain(sig_with_head_dim(128), platform_for_target("sm_90"));
+  ASSERT_EQ(on_sm90.selected, std::optional<std::string>("ref"));
+  bool saw_feature_reason = false, saw_vendor_reason = false;
+  for (const auto& c : on_sm90.candidates) {
+    if (c.kernel == "hopper") saw_feature_reason = c.reason == "platform: needs feature mma:wgmma, which sm_90 lacks";
+    if (c.kernel == "mi") saw_vendor_reason = c.reason.find("needs a amd GPU") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_feature_reason) << on_sm90.to_text();
+  EXPECT_TRUE(saw_vendor_reason) << on_sm90.to_text();
+  const Explanation on_sm100 = r.explain(sig_with_head_dim(128), platform_for_target("sm_100a"));
+  EXPECT_NE(on_sm100.to_text().find("needs arch version <= 90; sm_100a is 100"), std::string::npos) << on_sm100.to_text();
+}
+
+TEST(Selector, NoKernelErrorCarriesTheExplanation) {
+  Registry r;
+  r.add(make_kernel("only64", Priority::kPortable, {64}));
+  try {
+    r.select(sig_with_head_dim(96), platform_for_target("sm_90a"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoKernel);
+    EXPECT_NE(std::string(e.what()).find("only64"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("head_dim 96 unsupported"), std::string::npos) << e.what();
+  }
+  Registry empty;
+  EXPECT_NE(empty.explain(sig_with_head_dim(64), platform_for_target("sm_90a")).to_text().find("no kernel of this operator"),
+            std::string::npos);
+}
+
+TEST(Selector, ExplainJsonHasEveryCandidate) {
+  Registry r;
+  r.add(make_kernel("a", Priority::kReference));
+  r.add(make_kernel("b", Priority::kPortable, {64}));
+  const std::string j = r.explain(sig_with_head_dim(128), platform_for_target("sm_90a")).to_json();
+  EXPECT_NE(j.find("\"kernel\": \"a\""), std::string::npos);
+  EXPECT_NE(j.find("\"kernel\": \"b\""), std::string::npos);
+  EXPECT_NE(j.find("head_dim 128 unsupported"), std::string::npos);
+}
+
+TEST(Selector, OverrideByApiAndEnvironment) {
+  Registry r;
+  r.add(make_kernel("ref", Priority::kReference));
+  r.add(make_kernel("fast", Priority::kPerformant, {128}));
+  const Platform h = platform_for_target("sm_90a");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "fast");
+  r.set_override(kPrefill, "ref");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "ref");
+  r.set_override(kPrefill, "fast");
+  try {
+    r.select(sig_with_head_dim(64), h);  // the override cannot run head_dim 64
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoKernel);
+    EXPECT_NE(std::string(e.what()).find("override 'fast' cannot run this call: signature: head_dim 64 unsupported"),
+              std::string::npos) << e.what();
+  }
+  r.set_override(kPrefill, "");
+  EXPECT_EQ(r.select(sig_with_head_dim(64), h)->name, "ref");
+
+  ::setenv("KILN_OVERRIDE_ATTENTION_PREFILL", "ref", 1);
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "ref");
+  ::setenv("KILN_OVERRIDE_ATTENTION_PREFILL", "nonexistent", 1);
+  try {
+    r.select(sig_with_head_dim(128), h);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("override 'nonexistent' names no mha_prefill kernel"), std::string::npos) << e.what();
+  }
+  ::unsetenv("KILN_OVERRIDE_ATTENTION_PREFILL");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "fast");
+}
+
+TEST(Selector, EqualPriorityConflictIsReported) {
+  Registry r;
+  r.add(make_kernel("twin_a", Priority::kPerformant));
+  r.add(make_kernel("twin_b", Priority::kPerformant));
+  const Explanation ex = r.explain(sig_with_head_dim(128), platform_for_target("sm_90a"));
+  EXPECT_EQ(ex.selected, std::optional<std::string>("twin_a"));
+  ASSERT_EQ(ex.warnings.size(), 1u);
+  EXPECT_NE(ex.warnings[0].find("equal-priority conflict: twin_a and twin_b"), std::string::npos);
+}
+
+TEST(Selector, DuplicateAndIncompleteRegistrationsAreRefused) {
+  Registry r;
+  r.add(make_kernel("k", Priority::kReference));
+  EXPECT_THROW(r.add(make_kernel("k", Priority::kPortable)), Error);
+  KernelSpec no_accepts = make_kernel("n", Priority::kReference);
+  no_accepts.accepts = nullptr;
+  EXPECT_THROW(r.add(no_accepts), Error);
+  KernelSpec no_source = make_kernel("s", Priority::kReference);
+  no_source.source.clear();
+  EXPECT_THROW(r.add(no_source), Error);
+}
+
+TEST(Selector, DecisionCacheIsInvalidatedByRegistration) {
+  Registry r;
+  r.add(make_kernel("ref", Priority::kReference));
+  const Platform h = platform_for_target("sm_90a");
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "ref");
+  r.add(make_kernel("better", Priority::kPortable));
+  EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "better");
+}
+
+TEST(Selector, ConcurrentRegistrationAndSelection) {
+  Registry r;
+  r.add(make_kernel("ref", Priority::kReference));
+  const Platform h = platform_for_target("sm_90a");
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) r.add(make_kernel("k" + std::to_string(t) + "_" + std::to_string(i), Priority::kPortable, {1000 + i}));
+    });
+  }
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        const auto chosen = r.select(sig_with_head_dim(64 + (i % 3) * 32), h);
+        if (chosen->name != "ref") ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(r.kernels().size(), 1u + 4 * 200);
+  EXPECT_EQ(r.select(sig_with_head_dim(1199), h)->priority, Priority::kPortable);
+}
+
+}  // namespace
+}  // namespace kiln
