@@ -164,6 +164,10 @@ class Registry {
   // KILN_OVERRIDE_<FAMILY>_<MODE> (e.g. KILN_OVERRIDE_ATTENTION_PREFILL) does the same.
   void set_override(const OperatorId& op, const std::string& kernel_name);
 
+  // Bumped by every add() and set_override(); holders of a decision compare it to know theirs is
+  // still current.
+  uint64_t generation() const;
+
   Registry();
   ~Registry();
   Registry(const Registry&) = delete;

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <xxhash.h>
+
 #include "backends/cuda/device.hpp"
 #include "jit/compiler.hpp"
 #include "jit/sources.hpp"
@@ -33,18 +35,52 @@ CompileTable& compile_table() {
   return t;
 }
 
-// One loaded kernel per (context, kernel, signature): the in-process hit path.
+// The in-process hit path: one loaded kernel per (context, call key), valid while the registry
+// generation it was selected under is current.
+struct LoadedKey {
+  CUcontext context;
+  CallKey call;
+  bool operator==(const LoadedKey&) const = default;
+};
+struct LoadedKeyHash {
+  size_t operator()(const LoadedKey& k) const {
+    return static_cast<size_t>(XXH3_64bits_withSeed(k.call.fields.data(), sizeof(k.call.fields),
+                                                     reinterpret_cast<uintptr_t>(k.context) ^ static_cast<uint64_t>(k.call.op)));
+  }
+};
 struct LoadedKernel {
   std::shared_ptr<const KernelSpec> spec;
+  const Platform* platform;
   cuda::LoadedFunction function;
+  uint64_t registry_generation;
 };
 struct LoadedTable {
   std::shared_mutex mutex;
-  std::unordered_map<std::string, std::shared_ptr<const LoadedKernel>> entries;
+  std::unordered_map<LoadedKey, std::shared_ptr<const LoadedKernel>, LoadedKeyHash> entries;
 };
 LoadedTable& loaded_table() {
   static LoadedTable t;
   return t;
+}
+
+// The miss path: select, specialize, compile (or reuse the binary), load into the context.
+std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, cuda::Device& dev, CUcontext context) {
+  const Signature sig = call.make_signature(call.args);
+  auto loaded = std::make_shared<LoadedKernel>();
+  loaded->registry_generation = Registry::global().generation();
+  loaded->spec = Registry::global().select(sig, dev.platform);
+  loaded->platform = &dev.platform;
+  const auto binary = get_or_compile(build_request(*loaded->spec, sig, dev.platform));
+  loaded->function = cuda::load_function(binary->result.binary, binary->result.lowered_name, loaded->spec->name);
+  LoadedTable& table = loaded_table();
+  std::unique_lock lock(table.mutex);
+  auto& slot = table.entries[LoadedKey{context, call.key}];
+  if (slot && slot->registry_generation == loaded->registry_generation) {
+    cuda::unload(loaded->function);  // a racing thread loaded it first
+    return slot;
+  }
+  slot = loaded;
+  return loaded;
 }
 
 }  // namespace
@@ -107,33 +143,21 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
   return future.get();
 }
 
-void run_operator(const Signature& sig, int device_index, const void* params, size_t, Stream stream) {
-  cuda::Device& dev = cuda::device(device_index);
+void run_operator(const OperatorCall& call) {
+  cuda::Device& dev = cuda::device(call.device);
   cuda::ScopedContext context(dev);
-  const auto spec = Registry::global().select(sig, dev.platform);
-
-  std::string table_key = fmt::format("{}|{}|", static_cast<const void*>(context.get()), spec->name);
-  table_key += sig.canonical();
   LoadedTable& table = loaded_table();
   std::shared_ptr<const LoadedKernel> kernel;
   {
     std::shared_lock lock(table.mutex);
-    auto it = table.entries.find(table_key);
+    auto it = table.entries.find(LoadedKey{context.get(), call.key});
     if (it != table.entries.end()) kernel = it->second;
   }
-  if (!kernel) {
-    const CompileRequest request = build_request(*spec, sig, dev.platform);
-    const auto binary = get_or_compile(request);
-    auto loaded = std::make_shared<LoadedKernel>();
-    loaded->spec = spec;
-    loaded->function = cuda::load_function(binary->result.binary, binary->result.lowered_name, spec->name);
-    std::unique_lock lock(table.mutex);
-    auto [it, inserted] = table.entries.emplace(table_key, loaded);
-    kernel = it->second;
-    if (!inserted) cuda::unload(loaded->function);  // a racing thread loaded it first
+  if (!kernel || kernel->registry_generation != Registry::global().generation()) {
+    kernel = load_kernel(call, dev, context.get());
   }
-  cuda::launch(kernel->function.function, kernel->spec->launch_shape(params, dev.platform), params, stream,
-               kernel->spec->name);
+  cuda::launch(kernel->function.function, kernel->spec->launch_shape(call.params, *kernel->platform), call.params,
+               call.stream, kernel->spec->name);
 }
 
 }  // namespace kiln::detail

@@ -2,16 +2,33 @@
 // device's platform, get it compiled and loaded (JIT pipeline), launch it on the caller's stream.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 
 #include "kiln/registry.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln::detail {
 
-// `params` is the operator's parameter block (kernel-sources/<family>/params.h); it is passed
-// by value as the kernel's only argument.
-void run_operator(const Signature& sig, int device, const void* params, size_t params_size,
-                  Stream stream);
+// The compile-relevant properties of a call packed into integers, in a fixed order per operator:
+// equal CallKeys mean equal Signatures. The hit path looks kernels up by this key, so it never
+// builds strings; the Signature is built only on a miss.
+struct CallKey {
+  int32_t op = 0;  // which operator; distinct per operator
+  std::array<int64_t, 14> fields{};
+  bool operator==(const CallKey&) const = default;
+};
+
+struct OperatorCall {
+  CallKey key;
+  Signature (*make_signature)(const void* args);  // called on a miss only
+  const void* args;                               // the operator's validated argument struct
+  int device;
+  const void* params;  // parameter block (kernel-sources/<family>/params.h), passed by value
+  Stream stream;
+};
+
+void run_operator(const OperatorCall& call);
 
 }  // namespace kiln::detail

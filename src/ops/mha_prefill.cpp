@@ -149,7 +149,12 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   p.softmax_scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = a.softcap;
   if (a.q.numel() == 0) return;  // nothing to compute
-  detail::run_operator(signature_of(a), a.q.device, &p, sizeof(p), stream);
+  detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); },
+                            &a, a.q.device, &p, stream};
+  call.key.op = 1;
+  call.key.fields = {static_cast<int64_t>(a.q.dtype), a.q.size(2), a.q.size(1) / a.k.size(1), a.causal,
+                     a.window_left >= 0, a.sinks.defined(), a.softcap > 0, a.lse.defined()};
+  detail::run_operator(call);
 }
 
 }  // namespace kiln

@@ -171,7 +171,15 @@ void moe_apply(const MoeArgs& a, Stream stream) {
   p.top_k = a.top_k;
   p.renormalize = a.renormalize ? 1 : 0;
   if (a.x.numel() == 0) return;
-  detail::run_operator(signature_of(a), a.x.device, &p, sizeof(p), stream);
+  detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); },
+                            &a, a.x.device, &p, stream};
+  call.key.op = 3;
+  auto dtype_or_none = [](const TensorView& t) { return t.defined() ? static_cast<int64_t>(t.dtype) : int64_t{-1}; };
+  call.key.fields = {static_cast<int64_t>(a.x.dtype), static_cast<int64_t>(a.w13.dtype), a.x.size(1), a.w13.size(1) / 2,
+                     a.w13.size(0), a.top_k, a.router_logits.defined() ? static_cast<int64_t>(a.routing) : int64_t{-1},
+                     dtype_or_none(a.router_logits), a.renormalize, static_cast<int64_t>(a.activation),
+                     static_cast<int64_t>(a.gate_up_layout), dtype_or_none(a.w13_bias), dtype_or_none(a.w2_bias)};
+  detail::run_operator(call);
 }
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // The kernel registry and the selector: filter by platform, then by signature; rank by priority
 // band, then specificity, then name (so the choice is deterministic); cache the decision.
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -68,6 +69,7 @@ struct Registry::State {
   std::vector<std::shared_ptr<const KernelSpec>> kernels;
   std::unordered_map<std::string, std::string> overrides;  // "family.mode" -> kernel name
   std::unordered_map<std::string, std::shared_ptr<const KernelSpec>> decisions;
+  std::atomic<uint64_t> generation{0};
 };
 
 Registry::Registry() : state_(std::make_unique<State>()) {}
@@ -114,6 +116,7 @@ void Registry::add(KernelSpec spec) {
   }
   state_->kernels.push_back(std::make_shared<const KernelSpec>(std::move(spec)));
   state_->decisions.clear();
+  state_->generation.fetch_add(1);
 }
 
 std::vector<std::shared_ptr<const KernelSpec>> Registry::kernels() const {
@@ -144,7 +147,10 @@ void Registry::set_override(const OperatorId& op, const std::string& kernel_name
     state_->overrides[key] = kernel_name;
   }
   state_->decisions.clear();
+  state_->generation.fetch_add(1);
 }
+
+uint64_t Registry::generation() const { return state_->generation.load(std::memory_order_acquire); }
 
 Explanation Registry::explain(const Signature& sig, const Platform& platform) const {
   Explanation ex;

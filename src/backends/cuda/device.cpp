@@ -11,6 +11,36 @@
 namespace kiln::detail::cuda {
 namespace {
 
+// cuLaunchKernelEx, for launches with cluster dimensions or programmatic dependent launch.
+CUresult launch_with_attributes(CUfunction function, const LaunchShape& shape, void** args, Stream stream) {
+  CUlaunchConfig config{};
+  config.gridDimX = shape.grid[0];
+  config.gridDimY = shape.grid[1];
+  config.gridDimZ = shape.grid[2];
+  config.blockDimX = shape.block[0];
+  config.blockDimY = shape.block[1];
+  config.blockDimZ = shape.block[2];
+  config.sharedMemBytes = shape.dynamic_shared_bytes;
+  config.hStream = static_cast<CUstream>(stream);
+  CUlaunchAttribute attributes[2];
+  unsigned n = 0;
+  if (shape.cluster[0] > 0) {
+    attributes[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[n].value.clusterDim.x = shape.cluster[0];
+    attributes[n].value.clusterDim.y = shape.cluster[1] ? shape.cluster[1] : 1;
+    attributes[n].value.clusterDim.z = shape.cluster[2] ? shape.cluster[2] : 1;
+    ++n;
+  }
+  if (shape.programmatic_dependent_launch) {
+    attributes[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = n ? attributes : nullptr;
+  config.numAttrs = n;
+  return KILN_CU_FN(cuLaunchKernelEx)(&config, function, args, nullptr);
+}
+
 int attribute(CUdevice dev, CUdevice_attribute attr) {
   int value = 0;
   KILN_CU_CALL(cuDeviceGetAttribute, &value, attr, dev);
@@ -77,9 +107,14 @@ ScopedContext::ScopedContext(Device& dev) {
   CUcontext current = nullptr;
   KILN_CU_CALL(cuCtxGetCurrent, &current);
   if (current != nullptr) {
-    CUdevice current_device = -1;
-    KILN_CU_CALL(cuCtxGetDevice, &current_device);
-    if (current_device == dev.handle) {
+    // A context's device never changes: remember the last one this thread asked about.
+    thread_local CUcontext last_context = nullptr;
+    thread_local CUdevice last_device = -1;
+    if (current != last_context) {
+      KILN_CU_CALL(cuCtxGetDevice, &last_device);
+      last_context = current;
+    }
+    if (last_device == dev.handle) {
       context_ = current;
       return;
     }
@@ -125,40 +160,23 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
                  static_cast<int>(shape.dynamic_shared_bytes));
   }
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
-  CUlaunchConfig config{};
-  config.gridDimX = shape.grid[0];
-  config.gridDimY = shape.grid[1];
-  config.gridDimZ = shape.grid[2];
-  config.blockDimX = shape.block[0];
-  config.blockDimY = shape.block[1];
-  config.blockDimZ = shape.block[2];
-  config.sharedMemBytes = shape.dynamic_shared_bytes;
-  config.hStream = static_cast<CUstream>(stream);
-  CUlaunchAttribute attributes[2];
-  unsigned n = 0;
-  if (shape.cluster[0] > 0) {
-    attributes[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attributes[n].value.clusterDim.x = shape.cluster[0];
-    attributes[n].value.clusterDim.y = shape.cluster[1] ? shape.cluster[1] : 1;
-    attributes[n].value.clusterDim.z = shape.cluster[2] ? shape.cluster[2] : 1;
-    ++n;
-  }
-  if (shape.programmatic_dependent_launch) {
-    attributes[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attributes[n].value.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = n ? attributes : nullptr;
-  config.numAttrs = n;
   void* args[] = {const_cast<void*>(params)};
-  const CUresult result = KILN_CU_FN(cuLaunchKernelEx)(&config, function, args, nullptr);
+  CUresult result;
+  if (shape.cluster[0] == 0 && !shape.programmatic_dependent_launch) {
+    result = KILN_CU_FN(cuLaunchKernel)(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
+                                        shape.block[1], shape.block[2], shape.dynamic_shared_bytes,
+                                        static_cast<CUstream>(stream), args, nullptr);
+  } else {
+    result = launch_with_attributes(function, shape, args, stream);
+  }
   if (result != CUDA_SUCCESS) {
     throw Error(ErrorCode::kDriverError,
-                fmt::format("cuLaunchKernelEx failed for kernel '{}' (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
+                fmt::format("launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
                             kernel_name, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
                             shape.block[1], shape.block[2], shape.dynamic_shared_bytes, describe(result)));
   }
 }
+
 
 }  // namespace kiln::detail::cuda
 

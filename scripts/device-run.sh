@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a copy of the tree with .carry/ (scripts/device-bundle.sh):
+# the gpu test suite, then the host benchmarks; logs under $OUT, a short table last.
+set -uo pipefail
+root=$(pwd)
+mkdir -p /work && [ -e /work/main ] || ln -s "$root" /work/main
+[ -e "$root/build-device" ] || ln -s "$root/.carry/build-device" "$root/build-device"
+export LD_LIBRARY_PATH="$root/.carry/deps:${LD_LIBRARY_PATH:-}"
+export KILN_CACHE_DIR="${OUT:-/tmp}/kiln-cache"
+out=${OUT:-/tmp/kiln-out}; mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+/work/main/build-device/bin/kiln devices | tee -a "$out/device.txt"
+/work/main/build-device/bin/kiln_gpu_tests --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which|rel" | head -80
+/work/main/build-device/bin/kiln_bench_host --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/bench_host.json" --benchmark_out_format=json 2>&1 | tee "$out/bench_host.log" | grep -E "median|Benchmark|----"
+echo "== fresh-process compile times (sm_90a) =="
+bash "$root/scripts/compile-times.sh" /work/main/build-device/bin/kiln 5 | tee "$out/compile_times.txt"
+if command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer memcheck / racecheck (prefill, moe, short decode) =="
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 /work/main/build-device/bin/kiln_gpu_tests \
+      --gtest_filter='Gpu.PrefillReference*:Gpu.MoeReference*:Gpu.SecondCall*' > "$out/sanitizer_$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
+  done
+fi
