@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what kiln needs to build and test, from Debian packages only. The CUDA toolkit is not
+# installed here: kiln uses the one already at /usr/local/cuda (cuda.h and nvrtc.h at build time,
+# libnvrtc at run time) and never links it.
+set -euo pipefail
+packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest-dev libbenchmark-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+for f in /usr/local/cuda/include/cuda.h /usr/local/cuda/include/nvrtc.h; do
+  [ -f "$f" ] || { echo "install-deps: $f is missing: kiln needs the CUDA toolkit at /usr/local/cuda" >&2; exit 1; }
+done
+echo "install-deps: all build dependencies present"
