@@ -38,10 +38,12 @@ struct CompiledKernel {
   std::string compiler;        // compiler identity
   std::vector<uint8_t> binary; // CUBIN
   double compile_ms = 0;
+  std::string origin;          // "compiled", "disk" (the cache) or "seed" (a seed database)
 };
 
-// Selects the kernel for `sig` on `target` (a name from known_targets()) and compiles it. Needs
-// no GPU and no driver: only the run-time compiler. Throws kiln::Error.
+// Selects the kernel for `sig` on `target` (a name from known_targets()) and compiles it, or
+// takes it from the cache (and publishes what it compiles there). Needs no GPU and no driver:
+// only the run-time compiler. Throws kiln::Error.
 CompiledKernel compile_for_target(const Signature& sig, const std::string& target);
 
 }  // namespace kiln

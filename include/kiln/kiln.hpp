@@ -1,6 +1,7 @@
 // kiln's C++ API in one include.
 #pragma once
 
+#include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/log.hpp"

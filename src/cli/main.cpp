@@ -1,9 +1,12 @@
-// The `kiln` command: devices, list, explain, compile.
+// The `kiln` command: devices, list, explain, compile, cache.
 //
 // Exit codes (scripts may rely on them):
 //   0 success; 1 internal or other error; 2 bad usage or invalid argument; 3 no kernel for the
-//   signature; 4 compile failed; 5 driver, device or compiler library unavailable.
+//   signature; 4 compile failed; 5 driver, device or compiler library unavailable; 6 the cache
+//   cannot be used or has problems (verify).
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -23,6 +26,7 @@ int exit_code(const kiln::Error& e) {
     case kiln::ErrorCode::kNoKernel: return 3;
     case kiln::ErrorCode::kCompileFailed: return 4;
     case kiln::ErrorCode::kDriverError: return 5;
+    case kiln::ErrorCode::kCacheError: return 6;
     default: return 1;
   }
 }
@@ -109,15 +113,71 @@ int cmd_compile(const std::string& op, const std::string& sig_text, const std::s
   if (as_json) {
     std::cout << json{{"kernel", k.kernel}, {"signature", k.signature}, {"target", k.target}, {"key", k.key},
                       {"name_expression", k.name_expression}, {"lowered_name", k.lowered_name},
-                      {"compiler", k.compiler}, {"binary_bytes", k.binary.size()}, {"compile_ms", k.compile_ms}}
+                      {"compiler", k.compiler}, {"binary_bytes", k.binary.size()}, {"compile_ms", k.compile_ms},
+                      {"origin", k.origin}}
                      .dump(2)
               << "\n";
   } else {
-    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes (CUBIN){}\ntime     {:.0f} ms\n",
+    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes (CUBIN){}\norigin   {}\ntime     {:.0f} ms (compile)\n",
                              k.kernel, k.signature, k.target, k.key, k.lowered_name, k.compiler, k.binary.size(),
-                             output.empty() ? "" : " -> " + output, k.compile_ms);
+                             output.empty() ? "" : " -> " + output, k.origin, k.compile_ms);
   }
   return 0;
+}
+
+std::string human_bytes(uint64_t b) {
+  if (b >= (1ULL << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(b) / (1ULL << 30));
+  if (b >= (1ULL << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1ULL << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+  return fmt::format("{} B", b);
+}
+
+int cmd_cache_stats(bool as_json) {
+  const kiln::CacheStats s = kiln::cache_stats();
+  if (as_json) {
+    std::cout << json{{"directory", s.directory}, {"persistent", s.persistent}, {"degraded_reason", s.degraded_reason},
+                      {"seeds", s.seeds}, {"entries", s.entries}, {"bytes", s.bytes}, {"max_bytes", s.max_bytes}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
+                             s.persistent ? "persistent" : "memory only: " + s.degraded_reason, s.entries,
+                             human_bytes(s.bytes), human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
+  }
+  return s.persistent ? 0 : 6;
+}
+
+int cmd_cache_ls(const std::string& dir, bool as_json) {
+  const auto entries = kiln::cache_list(dir);
+  if (as_json) {
+    json list = json::array();
+    for (const auto& e : entries) {
+      list.push_back({{"key", e.key}, {"kernel", e.kernel}, {"operator", e.op}, {"signature", e.signature}, {"target", e.target},
+                      {"backend", e.backend}, {"compiler", e.compiler}, {"size", e.size}, {"hits", e.hits},
+                      {"created", e.created}, {"last_used", e.last_used}, {"compile_ms", e.compile_ms}});
+    }
+    std::cout << list.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{:<30} {:<9} {:>10} {:>6} {:>12}  {}\n", "KERNEL", "TARGET", "SIZE", "HITS", "LAST USED", "SIGNATURE");
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& e : entries) {
+    std::cout << fmt::format("{:<30} {:<9} {:>10} {:>6} {:>10}s ago  {}\n", e.kernel, e.target, human_bytes(e.size), e.hits,
+                             now - e.last_used, e.signature);
+  }
+  return 0;
+}
+
+int cmd_cache_verify(const std::string& dir, bool repair, bool as_json) {
+  const kiln::CacheVerifyReport r = kiln::cache_verify(repair, dir);
+  if (as_json) {
+    std::cout << json{{"checked", r.checked}, {"problems", r.problems}, {"removed", r.removed}}.dump(2) << "\n";
+  } else {
+    for (const auto& p : r.problems) std::cout << "problem: " << p << "\n";
+    std::cout << fmt::format("checked {} entries: {} problem(s){}\n", r.checked, r.problems.size(),
+                             repair ? fmt::format(", {} removed", r.removed) : "");
+  }
+  return r.problems.empty() || r.removed == r.problems.size() ? 0 : 6;
 }
 
 }  // namespace
@@ -150,13 +210,54 @@ int main(int argc, char** argv) {
   compile->add_option("-o,--output", output, "Write the binary (CUBIN) to this file");
   compile->add_flag("--json", as_json, "Machine-readable output");
 
+  std::string cache_dir, file, kernel_filter;
+  bool repair = false;
+  uint64_t max_size = 0;
+  app.add_option("--cache", cache_dir, "Cache directory (default: KILN_CACHE_DIR, XDG_CACHE_HOME/kiln, ~/.cache/kiln)");
+  auto* cache = app.add_subcommand("cache", "Inspect and maintain the on-disk kernel cache");
+  cache->require_subcommand(1);
+  auto* cache_stats = cache->add_subcommand("stats", "Where the cache is, its state and size");
+  cache_stats->add_flag("--json", as_json, "Machine-readable output");
+  auto* cache_ls = cache->add_subcommand("ls", "List cached kernels (most recently used first)");
+  cache_ls->add_flag("--json", as_json, "Machine-readable output");
+  auto* cache_verify = cache->add_subcommand("verify", "Check the database and every entry's checksum");
+  cache_verify->add_flag("--repair", repair, "Remove the entries that fail");
+  cache_verify->add_flag("--json", as_json, "Machine-readable output");
+  auto* cache_prune = cache->add_subcommand("prune", "Evict least-recently-used entries down to a size");
+  cache_prune->add_option("--max-size", max_size, "Bytes to keep at most (default: KILN_CACHE_MAX_BYTES or 4 GiB)");
+  auto* cache_export = cache->add_subcommand("export", "Write entries to a single bundle file");
+  cache_export->add_option("file", file, "Bundle to create (must not exist)")->required();
+  cache_export->add_option("--target", target, "Only entries for this target");
+  cache_export->add_option("--kernel", kernel_filter, "Only entries of this kernel");
+  auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums verified)");
+  cache_import->add_option("file", file, "Bundle to read")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (!cache_dir.empty()) ::setenv("KILN_CACHE_DIR", cache_dir.c_str(), 1);
   try {
+    if (*cache_stats) return cmd_cache_stats(as_json);
+    if (*cache_ls) return cmd_cache_ls(cache_dir, as_json);
+    if (*cache_verify) return cmd_cache_verify(cache_dir, repair, as_json);
+    if (*cache_prune) {
+      const uint64_t removed = kiln::cache_prune(max_size ? max_size : kiln::cache_stats().max_bytes, cache_dir);
+      std::cout << fmt::format("evicted {} entries\n", removed);
+      return 0;
+    }
+    if (*cache_export) {
+      std::cout << fmt::format("exported {} entries to {}\n", kiln::cache_export(file, target, kernel_filter, cache_dir), file);
+      return 0;
+    }
+    if (*cache_import) {
+      const kiln::CacheImportReport r = kiln::cache_import(file, cache_dir);
+      for (const auto& why : r.rejected) std::cout << "rejected: " << why << "\n";
+      std::cout << fmt::format("imported {} entries, {} already present, {} rejected\n", r.imported, r.already_present, r.rejected.size());
+      return r.rejected.empty() ? 0 : 6;
+    }
     if (*devices) return cmd_devices(as_json);
     if (*list) return cmd_list(family, as_json);
     if (*explain) return cmd_explain(op, sig, target, as_json);

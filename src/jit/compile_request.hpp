@@ -20,6 +20,9 @@ struct CompileRequest {
   std::string name_expression;  // "kiln::prefill_reference<kiln::bf16, 128>"
   std::vector<std::string> options;  // without the target
   std::string target;           // "sm_90a"
+  // Labels for the cache index and messages; not compiler inputs, not part of the key.
+  std::string op;               // "mha_prefill"
+  std::string signature;        // canonical signature
 };
 
 struct CompileResult {

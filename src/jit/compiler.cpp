@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/nvrtc.hpp"
+#include "cache/kernel_cache.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
 
@@ -106,10 +107,21 @@ std::string default_worker_path() {
 }
 
 const std::string& compiler_identity(CompilerKind kind) {
-  switch (kind) {
-    case CompilerKind::kNvrtc: return cuda::nvrtc_identity();
-  }
-  throw Error(ErrorCode::kInternal, "unknown compiler kind");
+  if (kind != CompilerKind::kNvrtc) throw Error(ErrorCode::kInternal, "unknown compiler kind");
+  // Computing the identity loads NVRTC and compiles a probe (tens of ms). The cache remembers it
+  // per library file, so a warm process finds its kernels without loading the compiler at all.
+  static const std::string identity = [] {
+    const auto library = cuda::nvrtc_library_fingerprint();
+    KernelCache& cache = KernelCache::process();
+    const std::string memo = library ? "compiler-identity " + *library : "";
+    if (library) {
+      if (auto known = cache.meta_get(memo)) return *known;
+    }
+    std::string computed = cuda::nvrtc_identity();
+    if (library) cache.meta_put(memo, computed);
+    return computed;
+  }();
+  return identity;
 }
 
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,

@@ -10,6 +10,8 @@
 #include <xxhash.h>
 
 #include "backends/cuda/device.hpp"
+#include "cache/kernel_cache.hpp"
+#include "cache/key_lock.hpp"
 #include "jit/compiler.hpp"
 #include "jit/sources.hpp"
 #include "kiln/error.hpp"
@@ -70,8 +72,15 @@ std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, cuda::
   loaded->registry_generation = Registry::global().generation();
   loaded->spec = Registry::global().select(sig, dev.platform);
   loaded->platform = &dev.platform;
-  const auto binary = get_or_compile(build_request(*loaded->spec, sig, dev.platform));
-  loaded->function = cuda::load_function(binary->result.binary, binary->result.lowered_name, loaded->spec->name);
+  // The first load doubles as the check that decides whether a binary is published (or, from
+  // the cache, kept).
+  const std::string& name = loaded->spec->name;
+  const auto binary = get_or_compile(build_request(*loaded->spec, sig, dev.platform), [&](const CompiledBinary& b) {
+    loaded->function = cuda::load_function(b.result.binary, b.result.lowered_name, name);
+  });
+  if (loaded->function.function == nullptr) {
+    loaded->function = cuda::load_function(binary->result.binary, binary->result.lowered_name, name);
+  }
   LoadedTable& table = loaded_table();
   std::unique_lock lock(table.mutex);
   auto& slot = table.entries[LoadedKey{context, call.key}];
@@ -106,11 +115,77 @@ CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const
                           : resolve_includes(r.source_name, fmt::format("#include \"{}\"\n", spec.source));
   r.source = std::move(sources.main_text);
   r.headers = std::move(sources.headers);
+  r.op = operator_name(sig.op());
+  r.signature = sig.canonical();
   return r;
 }
 
-std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request) {
-  const KernelKey key = compute_key(request, compiler_identity(request.compiler));
+namespace {
+
+std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const CompileRequest& request, const KernelKey& key,
+                                                 const std::string& identity, const BinaryCheck& check) {
+  auto found = cache.lookup(key, request.target, identity);
+  if (!found) return nullptr;
+  auto binary = std::make_shared<CompiledBinary>();
+  binary->key = key;
+  binary->result.binary = std::move(found->row.binary);
+  binary->result.lowered_name = std::move(found->row.entry);
+  binary->result.compile_ms = found->row.compile_ms;
+  binary->origin = found->tier == KernelCache::Tier::kDisk ? "disk" : "seed";
+  if (check) {
+    try {
+      check(*binary);
+    } catch (const Error& e) {
+      if (found->tier == KernelCache::Tier::kDisk) cache.drop(key, std::string("it does not load: ") + e.message());
+      return nullptr;
+    }
+  }
+  (found->tier == KernelCache::Tier::kDisk ? cache.counters().disk_hits : cache.counters().seed_hits)++;
+  return binary;
+}
+
+std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& request, const KernelKey& key,
+                                                       const std::string& identity, const BinaryCheck& check) {
+  KernelCache& cache = KernelCache::process();
+  if (auto hit = from_cache(cache, request, key, identity, check)) return hit;
+  // One compile per key across the host's processes: whoever holds the key's lock compiles;
+  // the others wait for it, then find its row.
+  const JitSettings settings = jit_settings();
+  KeyLock lock(cache.persistent() ? cache.directory() : "", key, settings.timeout_seconds + 30);
+  if (lock.waited()) {
+    cache.counters().lock_waits++;
+    if (auto hit = from_cache(cache, request, key, identity, check)) return hit;
+  }
+  cache.counters().misses++;
+  auto binary = std::make_shared<CompiledBinary>();
+  binary->key = key;
+  binary->result = compile(request, settings);
+  cache.counters().compiles++;
+  cache.counters().compile_us += static_cast<uint64_t>(binary->result.compile_ms * 1000);
+  log(LogLevel::kInfo, fmt::format("compiled {} for {} in {:.0f} ms ({} bytes, key {})", request.kernel_name, request.target,
+                                   binary->result.compile_ms, binary->result.binary.size(), key.hex()));
+  if (check) check(*binary);  // a binary that does not load is never published
+  CacheRow row;
+  row.key = key;
+  row.kernel = request.kernel_name;
+  row.op = request.op;
+  row.signature = request.signature;
+  row.target = request.target;
+  row.backend = "cuda";
+  row.compiler = identity;
+  row.options = fmt::format("{}", fmt::join(request.options, " "));
+  row.entry = binary->result.lowered_name;
+  row.binary = binary->result.binary;
+  row.compile_ms = binary->result.compile_ms;
+  cache.publish(row);
+  return binary;
+}
+
+}  // namespace
+
+std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check) {
+  const std::string& identity = compiler_identity(request.compiler);
+  const KernelKey key = compute_key(request, identity);
   CompileTable& table = compile_table();
   std::promise<std::shared_ptr<const CompiledBinary>> promise;
   std::shared_future<std::shared_ptr<const CompiledBinary>> future;
@@ -126,19 +201,16 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
       owner = true;
     }
   }
-  if (owner) {
-    try {
-      auto compiled = std::make_shared<CompiledBinary>();
-      compiled->key = key;
-      compiled->result = compile(request, jit_settings());
-      log(LogLevel::kInfo, fmt::format("compiled {} for {} in {:.0f} ms ({} bytes, key {})", request.kernel_name,
-                                       request.target, compiled->result.compile_ms, compiled->result.binary.size(), key.hex()));
-      promise.set_value(std::move(compiled));
-    } catch (...) {
-      promise.set_exception(std::current_exception());
-      std::lock_guard<std::mutex> lock(table.mutex);
-      table.entries.erase(key.hex());  // a later call may try again (e.g. after a fix in KILN_KERNEL_SOURCES)
-    }
+  if (!owner) {
+    KernelCache::process().counters().memory_hits++;
+    return future.get();
+  }
+  try {
+    promise.set_value(fetch_or_compile(request, key, identity, check));
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.entries.erase(key.hex());  // a later call may try again (e.g. after a fix in KILN_KERNEL_SOURCES)
   }
   return future.get();
 }
@@ -179,6 +251,7 @@ CompiledKernel compile_for_target(const Signature& sig, const std::string& targe
   out.compiler = detail::compiler_identity(request.compiler);
   out.binary = binary->result.binary;
   out.compile_ms = binary->result.compile_ms;
+  out.origin = binary->origin;
   return out;
 }
 

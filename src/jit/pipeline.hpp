@@ -2,6 +2,7 @@
 // (single flight per key) -> load -> launch.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "jit/compile_request.hpp"
@@ -13,12 +14,20 @@ namespace kiln::detail {
 // The compile request for a kernel specialized to a signature on a platform.
 CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const Platform& platform);
 
-// A compiled kernel for one key: compiled once per process (concurrent callers of the same key
-// wait for the one compile; different keys compile in parallel).
+// A compiled kernel for one key, and where it came from.
 struct CompiledBinary {
   KernelKey key;
   CompileResult result;
+  const char* origin = "compiled";  // "compiled", "disk" (writable cache) or "seed"
 };
-std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request);
+
+// Throws when a binary cannot be used here (e.g. the driver refuses to load it).
+using BinaryCheck = std::function<void(const CompiledBinary&)>;
+
+// The binary for a request: from this process's table, else the on-disk cache (verified, and
+// passed through `check` when given: a row that fails it is dropped), else compiled — once per
+// key in the process (concurrent callers wait for the one compile) and once per key across the
+// host's processes (a per-key lock) — then checked and published to the cache.
+std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check = nullptr);
 
 }  // namespace kiln::detail

@@ -8,17 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "core/embedded_file.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
 
 // Generated at build time from kernel-sources/ (cmake/embed_files.cmake).
-struct EmbeddedFile {
-  const char* name;
-  const unsigned char* data;
-  unsigned long size;
-};
 extern const EmbeddedFile kEmbeddedKernelSources[];
 extern const unsigned long kEmbeddedKernelSourcesCount;
 

@@ -3,6 +3,8 @@
 #include <nvrtc.h>
 #include <xxhash.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <memory>
 
@@ -15,21 +17,26 @@
 namespace kiln::detail::cuda {
 namespace {
 
+// Where kiln looks for libnvrtc, in order: the newest soname first, under CUDA_HOME, CUDA_PATH,
+// /usr/local/cuda, then the loader's search path (bare sonames).
+std::vector<std::string> nvrtc_candidates() {
+  if (auto path = env_string("KILN_LIBNVRTC")) return {*path};  // exactly this one
+  std::vector<std::string> dirs;
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+    if (auto root = env_string(var)) dirs.push_back(*root + "/lib64/");
+  }
+  dirs.push_back("/usr/local/cuda/lib64/");
+  dirs.push_back("");
+  std::vector<std::string> candidates;
+  for (const char* soname : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) {
+    for (const auto& dir : dirs) candidates.push_back(dir + soname);
+  }
+  return candidates;
+}
+
 const DynamicLibrary& nvrtc_library() {
-  static const std::unique_ptr<DynamicLibrary> lib = [] {
-    std::vector<std::string> dirs;
-    for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
-      if (auto root = env_string(var)) dirs.push_back(*root + "/lib64/");
-    }
-    dirs.push_back("/usr/local/cuda/lib64/");
-    dirs.push_back("");  // the loader's search path
-    std::vector<std::string> candidates;
-    for (const char* soname : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) {
-      for (const auto& dir : dirs) candidates.push_back(dir + soname);
-    }
-    if (auto path = env_string("KILN_LIBNVRTC")) candidates = {*path};  // exactly this one
-    return std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", candidates);
-  }();
+  static const std::unique_ptr<DynamicLibrary> lib =
+      std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", nvrtc_candidates());
   return *lib;
 }
 
@@ -80,6 +87,17 @@ class Program {
 }  // namespace
 
 std::string nvrtc_library_path() { return nvrtc_library().path(); }
+
+std::optional<std::string> nvrtc_library_fingerprint() {
+  for (const auto& candidate : nvrtc_candidates()) {
+    if (candidate.find('/') == std::string::npos) return std::nullopt;  // would come from the loader
+    struct stat st{};
+    if (::stat(candidate.c_str(), &st) != 0) continue;
+    return fmt::format("{}|{}|{}|{}", candidate, st.st_size,
+                       static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec, st.st_ino);
+  }
+  return std::nullopt;
+}
 
 CompileResult nvrtc_compile(const CompileRequest& r) {
   const auto start = std::chrono::steady_clock::now();

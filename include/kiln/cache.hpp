@@ -1,0 +1,80 @@
+// kiln's on-disk kernel cache: one SQLite database (kiln.db) per cache directory, so a restarted
+// process, or a fleet that ships the cache, starts warm.
+//
+// Directory: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln (created 0700).
+// Size budget: KILN_CACHE_MAX_BYTES (default 4 GiB), enforced least-recently-used after each
+// write. Read-only seed databases: KILN_CACHE_SEED (colon-separated kiln.db files or
+// directories), consulted after the writable one and never written.
+//
+// Properties: one compile per key across the processes of a host (per-key locks that die with
+// their process); no reader sees a partial entry (one transaction per write); every binary is
+// verified (checksum, target, compiler) before it is loaded, and a bad row is dropped and
+// rebuilt; a directory or database writable by other users is refused; an unusable directory
+// (read-only, full, locked, garbage, another schema) leaves kiln working from memory with one
+// warning, and kiln never deletes a file it did not create.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+// Counters of this process since start, plus the state of the database.
+struct CacheStats {
+  std::string directory;         // empty when no directory is in use
+  bool persistent = false;       // false: memory only (see degraded_reason)
+  std::string degraded_reason;   // why the directory is not in use, if it is not
+  std::vector<std::string> seeds;
+  uint64_t entries = 0;          // rows in the writable database
+  uint64_t bytes = 0;            // sum of their binary sizes
+  uint64_t max_bytes = 0;
+  // This process:
+  uint64_t memory_hits = 0;      // binaries found in the process's own table
+  uint64_t disk_hits = 0;        // ... in the writable database
+  uint64_t seed_hits = 0;        // ... in a seed database
+  uint64_t misses = 0;           // not found anywhere: compiled
+  uint64_t compiles = 0;
+  double compile_ms = 0;
+  uint64_t bytes_written = 0;
+  uint64_t evictions = 0;
+  uint64_t bad_entries = 0;      // checksum, target or compiler mismatch, or failed load: dropped
+  uint64_t lock_waits = 0;       // waited for another process compiling the same key
+};
+
+struct CacheEntry {
+  std::string key;  // 32 hex digits
+  std::string kernel, op, signature, target, backend, compiler;
+  uint64_t size = 0;
+  uint64_t hits = 0;
+  int64_t created = 0, last_used = 0;  // unix seconds
+  double compile_ms = 0;
+};
+
+struct CacheVerifyReport {
+  uint64_t checked = 0;
+  std::vector<std::string> problems;  // one line per bad row or database problem
+  uint64_t removed = 0;               // with repair
+};
+
+struct CacheImportReport {
+  uint64_t imported = 0;
+  uint64_t already_present = 0;
+  std::vector<std::string> rejected;  // one line per row refused (bad checksum, key, fields)
+};
+
+// The cache this process uses for its kernels.
+CacheStats cache_stats();
+
+// Maintenance of a cache directory (empty: this process's directory). Each throws
+// kiln::Error(kCacheError) naming the directory and the problem when it cannot be used.
+std::vector<CacheEntry> cache_list(const std::string& directory = "");
+CacheVerifyReport cache_verify(bool repair, const std::string& directory = "");
+// Evicts least-recently-used rows until the database holds at most max_bytes; returns the count.
+uint64_t cache_prune(uint64_t max_bytes, const std::string& directory = "");
+// Writes the rows (optionally of one target and/or kernel) to `file`, a new kiln database.
+uint64_t cache_export(const std::string& file, const std::string& target = "", const std::string& kernel = "",
+                      const std::string& directory = "");
+CacheImportReport cache_import(const std::string& file, const std::string& directory = "");
+
+}  // namespace kiln

@@ -1,0 +1,38 @@
+// kiln/cache.hpp: the process's cache statistics and maintenance of cache directories.
+#include "cache/cache_directory.hpp"
+#include "cache/kernel_cache.hpp"
+#include "kiln/cache.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln {
+namespace {
+
+// Maintenance never degrades silently: a directory that cannot be used is an error.
+detail::KernelCache strict_cache(const std::string& directory) {
+  return detail::KernelCache(directory.empty() ? detail::default_cache_directory() : directory, {},
+                             detail::default_cache_max_bytes(), detail::KernelCache::Mode::kStrict);
+}
+
+}  // namespace
+
+CacheStats cache_stats() { return detail::KernelCache::process().stats(); }
+
+std::vector<CacheEntry> cache_list(const std::string& directory) { return strict_cache(directory).list(); }
+
+CacheVerifyReport cache_verify(bool repair, const std::string& directory) { return strict_cache(directory).verify(repair); }
+
+uint64_t cache_prune(uint64_t max_bytes, const std::string& directory) { return strict_cache(directory).prune(max_bytes); }
+
+uint64_t cache_export(const std::string& file, const std::string& target, const std::string& kernel,
+                      const std::string& directory) {
+  return strict_cache(directory).export_to(file, target, kernel);
+}
+
+CacheImportReport cache_import(const std::string& file, const std::string& directory) {
+  // Importing into a new directory creates it, like the first kernel compiled there would.
+  const std::string dir = directory.empty() ? detail::default_cache_directory() : directory;
+  if (auto why = detail::prepare_cache_directory(dir, true)) throw Error(ErrorCode::kCacheError, *why);
+  return strict_cache(dir).import_from(file);
+}
+
+}  // namespace kiln

@@ -1,0 +1,103 @@
+#include "cache/cache_directory.hpp"
+
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/env.hpp"
+
+namespace kiln::detail {
+
+std::string default_cache_directory() {
+  if (auto dir = env_string("KILN_CACHE_DIR")) return *dir;
+  if (auto xdg = env_string("XDG_CACHE_HOME")) return *xdg + "/kiln";
+  if (auto home = env_string("HOME")) return *home + "/.cache/kiln";
+  return "";
+}
+
+std::vector<std::string> default_seed_databases() {
+  std::vector<std::string> seeds;
+  auto value = env_string("KILN_CACHE_SEED");
+  if (!value) return seeds;
+  std::stringstream ss(*value);
+  std::string entry;
+  while (std::getline(ss, entry, ':')) {
+    if (entry.empty()) continue;
+    std::error_code ec;
+    seeds.push_back(std::filesystem::is_directory(entry, ec) ? entry + "/kiln.db" : entry);
+  }
+  return seeds;
+}
+
+std::optional<std::string> unsafe_reason(const std::string& path, bool is_directory) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;  // absent: nothing to trust yet
+  if (S_ISLNK(st.st_mode)) {
+    if (!is_directory) return fmt::format("{} is a symbolic link; kiln does not follow links out of its cache", path);
+    if (::stat(path.c_str(), &st) != 0) return fmt::format("{} is a dangling symbolic link", path);
+  }
+  if (is_directory && !S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", path);
+  if (!is_directory && !S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file", path);
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return fmt::format("{} belongs to user id {}, not to this user ({}); a cache holds code that runs on the GPU, "
+                       "so kiln uses only its own", path, st.st_uid, me);
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format("{} is writable by other users (mode {:o}); a cache holds code that runs on the GPU: "
+                       "chmod go-w it or use another KILN_CACHE_DIR", path, st.st_mode & 07777);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> prepare_cache_directory(const std::string& directory, bool create) {
+  if (directory.empty()) return "no cache directory: set KILN_CACHE_DIR, XDG_CACHE_HOME or HOME";
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(directory, ec)) {
+    if (!create) return fmt::format("{} does not exist", directory);
+    // Create each missing component with mode 0700.
+    fs::path built;
+    for (const auto& part : fs::path(directory)) {
+      built /= part;
+      if (fs::exists(built, ec)) continue;
+      if (::mkdir(built.c_str(), 0700) != 0 && errno != EEXIST) {
+        return fmt::format("cannot create {}: {}", built.string(), std::strerror(errno));
+      }
+    }
+  }
+  return unsafe_reason(directory, true);
+}
+
+bool is_network_filesystem_magic(long magic) {
+  switch (static_cast<unsigned long>(magic) & 0xffffffffUL) {
+    case 0x6969UL:      // NFS
+    case 0x0bd00bd0UL:  // Lustre
+    case 0x47504653UL:  // GPFS
+    case 0xff534d42UL:  // CIFS
+    case 0xfe534d42UL:  // SMB2
+    case 0x517bUL:      // SMB
+    case 0x65735546UL:  // FUSE (sshfs, many cluster filesystems)
+    case 0x00c36400UL:  // CephFS
+    case 0x013111a8UL:  // IBRIX
+    case 0x19830326UL:  // BeeGFS
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_network_filesystem(const std::string& path) {
+  struct statfs fs{};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  return is_network_filesystem_magic(static_cast<long>(fs.f_type));
+}
+
+}  // namespace kiln::detail

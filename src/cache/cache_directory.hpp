@@ -1,0 +1,28 @@
+// Where the cache lives and whether it may be trusted: directory resolution, creation with mode
+// 0700, the refusal of anything writable by other users, symlink refusal, network filesystems.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln::detail {
+
+// KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when none is set.
+std::string default_cache_directory();
+// KILN_CACHE_SEED entries (files, or directories holding kiln.db).
+std::vector<std::string> default_seed_databases();
+
+// Creates the directory (and missing parents) with mode 0700 if it does not exist.
+// Returns a reason when it cannot be used at all: not a directory, not creatable, or unsafe.
+std::optional<std::string> prepare_cache_directory(const std::string& directory, bool create);
+
+// A reason to refuse a directory or file: writable by group or others, owned by another user
+// (other than root), or (for files) a symlink. nullopt when it may be used or does not exist.
+std::optional<std::string> unsafe_reason(const std::string& path, bool is_directory);
+
+// True on NFS, Lustre, GPFS, CIFS/SMB and similar, where SQLite's WAL and mmap are unsafe.
+bool is_network_filesystem(const std::string& path);
+bool is_network_filesystem_magic(long magic);
+
+}  // namespace kiln::detail

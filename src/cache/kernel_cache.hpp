@@ -1,0 +1,103 @@
+// The SQLite store behind kiln/cache.hpp: a writable database in the cache directory, read-only
+// seed databases under it, verification of every row before use, LRU eviction, and degraded
+// (memory-only) operation when the directory cannot be used.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "jit/key.hpp"
+#include "kiln/cache.hpp"
+
+struct sqlite3;
+
+namespace kiln::detail {
+
+struct CacheRow {
+  KernelKey key;
+  std::string kernel, op, signature, target, backend, compiler, options, entry;
+  std::vector<uint8_t> binary;
+  double compile_ms = 0;
+};
+
+struct CacheCounters {
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, seed_hits{0}, misses{0}, compiles{0}, bytes_written{0},
+      evictions{0}, bad_entries{0}, lock_waits{0};
+  std::atomic<uint64_t> compile_us{0};
+};
+
+class KernelCache {
+ public:
+  enum class Mode {
+    kServe,   // for kernels: any problem degrades to memory-only with one warning
+    kStrict,  // for maintenance commands: any problem throws kiln::Error(kCacheError)
+  };
+  KernelCache(std::string directory, std::vector<std::string> seeds, uint64_t max_bytes, Mode mode);
+  ~KernelCache();
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+
+  // The cache of this process, from the environment; reopened in a child after fork().
+  static KernelCache& process();
+
+  enum class Tier { kDisk, kSeed };
+  struct Found {
+    CacheRow row;
+    Tier tier;
+  };
+  // The verified row for `key`, built for exactly `target` by exactly `compiler`. A row that
+  // fails verification is dropped (writable tier) or skipped (seed), counted and warned about.
+  std::optional<Found> lookup(const KernelKey& key, const std::string& target, const std::string& compiler);
+  // Removes a row of the writable database (e.g. one that failed to load).
+  void drop(const KernelKey& key, const std::string& why);
+  // Inserts or replaces one row in one transaction, then evicts down to the budget.
+  void publish(const CacheRow& row);
+
+  // Remembered derived values (the meta table of the writable database); best effort.
+  std::optional<std::string> meta_get(const std::string& name);
+  void meta_put(const std::string& name, const std::string& value);
+
+  bool persistent() const { return db_ != nullptr && writable_; }
+  const std::string& directory() const { return directory_; }
+  std::string degraded_reason() const;
+  CacheCounters& counters() { return counters_; }
+  CacheStats stats();
+
+  std::vector<CacheEntry> list();
+  CacheVerifyReport verify(bool repair);
+  uint64_t prune(uint64_t max_bytes);
+  uint64_t export_to(const std::string& file, const std::string& target, const std::string& kernel);
+  CacheImportReport import_from(const std::string& file);
+
+ private:
+  void open_writable();
+  void open_seeds();
+  void degrade(const std::string& category, const std::string& reason);
+  uint64_t evict_locked(uint64_t max_bytes, const KernelKey* keep);
+
+  std::string directory_;
+  std::vector<std::string> seed_paths_;
+  uint64_t max_bytes_;
+  Mode mode_;
+  sqlite3* db_ = nullptr;
+  bool writable_ = false;
+  std::vector<std::pair<std::string, sqlite3*>> seeds_;
+  std::mutex mutex_;  // one connection, used by one thread at a time
+  std::string degraded_reason_;
+  std::set<std::string> warned_;
+  CacheCounters counters_;
+};
+
+// Opens a database file as a kiln cache (schema created or migrated when writable). Throws
+// kiln::Error(kCacheError) with the reason: garbage, another application, a newer schema.
+sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem);
+
+uint64_t default_cache_max_bytes();
+
+}  // namespace kiln::detail

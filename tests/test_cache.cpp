@@ -1,0 +1,466 @@
+// The on-disk cache: schema golden, verification of rows, tiers, eviction, bundles, degraded
+// modes, permission refusals, and real processes racing, killed mid-compile and mid-write.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/cache_directory.hpp"
+#include "cache/kernel_cache.hpp"
+#include "cache/schema.hpp"
+#include "kiln/cache.hpp"
+#include "kiln/error.hpp"
+#include "kiln/log.hpp"
+
+namespace kiln::detail {
+namespace {
+
+namespace fs = std::filesystem;
+using Mode = KernelCache::Mode;
+
+const std::string kCompiler = "nvrtc 13.0 test";
+
+class CacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt_dir();
+    fs::remove_all(dir_);
+    set_log_callback([this](LogLevel, const std::string& m) { warnings_.push_back(m); });
+  }
+  void TearDown() override {
+    set_log_callback(nullptr);
+    std::error_code ec;
+    fs::permissions(dir_, fs::perms::owner_all, ec);
+    fs::remove_all(dir_, ec);
+  }
+  static std::string fmt_dir() {
+    return "kiln-cachetest-" + std::to_string(::getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+  std::string dir(const std::string& sub = "cache") const { return (dir_ / sub).string(); }
+
+  static CacheRow row(uint64_t n, const std::string& target = "sm_90a", size_t size = 1000) {
+    CacheRow r;
+    r.key = {n, n * 7 + 1};
+    r.kernel = "k" + std::to_string(n);
+    r.op = "mha_prefill";
+    r.signature = "attention.prefill:head_dim=" + std::to_string(n);
+    r.target = target;
+    r.backend = "cuda";
+    r.compiler = kCompiler;
+    r.options = "-std=c++17";
+    r.entry = "entry" + std::to_string(n);
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    r.binary.resize(size);
+    for (auto& b : r.binary) b = static_cast<uint8_t>(rng());
+    r.compile_ms = 12.5;
+    return r;
+  }
+
+  // Runs SQL directly on a database, as another program (or an attacker) would.
+  static void raw_sql(const std::string& db_path, const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(db_path.c_str(), &db), SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+    EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(db);
+  }
+
+  bool warned(const std::string& needle) const {
+    for (const auto& w : warnings_) {
+      if (w.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  std::vector<std::string> warnings_;
+};
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(CacheSchemaGolden, VersionAndText) {
+  // Changing cache/schema.sql must be deliberate: bump kSchemaVersion, add a migration, update this.
+  EXPECT_EQ(kSchemaVersion, 1);
+  const std::string sql = cache_schema_sql();
+  EXPECT_EQ(XXH3_64bits(sql.data(), sql.size()), 2975992440901103629ull) << "schema.sql changed; hash now " << XXH3_64bits(sql.data(), sql.size());
+}
+
+TEST_F(CacheTest, CreatesAPrivateDirectoryAndDatabase) {
+  KernelCache cache(dir("a/b/cache"), {}, 1 << 30, Mode::kServe);
+  ASSERT_TRUE(cache.persistent()) << cache.degraded_reason();
+  for (const std::string& p : {dir("a"), dir("a/b"), dir("a/b/cache")}) {
+    EXPECT_EQ(fs::status(p).permissions() & fs::perms::all, fs::perms::owner_all) << p;
+  }
+  const auto mode = fs::status(dir("a/b/cache") + "/kiln.db").permissions() & fs::perms::all;
+  EXPECT_EQ(mode, fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(CacheTest, PublishedRowsAreFoundAndVerified) {
+  KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+  const CacheRow r = row(1);
+  EXPECT_FALSE(cache.lookup(r.key, "sm_90a", kCompiler));
+  cache.publish(r);
+  auto found = cache.lookup(r.key, "sm_90a", kCompiler);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tier, KernelCache::Tier::kDisk);
+  EXPECT_EQ(found->row.binary, r.binary);
+  EXPECT_EQ(found->row.entry, r.entry);
+  EXPECT_EQ(cache.list().front().hits, 1u);
+  // A row is only ever used for the target and compiler it was built for.
+  EXPECT_FALSE(cache.lookup(r.key, "sm_100a", kCompiler));
+  EXPECT_TRUE(warned("built for sm_90a, not sm_100a"));
+  EXPECT_EQ(cache.list().size(), 0u) << "the mismatching row is dropped";
+  cache.publish(r);
+  EXPECT_FALSE(cache.lookup(r.key, "sm_90a", "nvrtc 12.8 other"));
+}
+
+TEST_F(CacheTest, FlippedAndTruncatedBlobsAreDroppedAndWarned) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+    cache.publish(row(2));
+  }
+  const std::string db = dir() + "/kiln.db";
+  // Flip one byte of row 1's binary; truncate row 2's.
+  raw_sql(db, "UPDATE kernels SET binary = substr(binary, 1, 10) || x'ff' || substr(binary, 12) WHERE kernel = 'k1'");
+  raw_sql(db, "UPDATE kernels SET binary = substr(binary, 1, 500) WHERE kernel = 'k2'");
+  EXPECT_EQ(cache_verify(false, dir()).problems.size(), 2u);
+  KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(cache.lookup(row(1).key, "sm_90a", kCompiler));
+  EXPECT_TRUE(warned("checksum mismatch"));
+  EXPECT_FALSE(cache.lookup(row(2).key, "sm_90a", kCompiler));
+  EXPECT_TRUE(warned("binary has 500 bytes, the row says 1000"));
+  EXPECT_EQ(cache.counters().bad_entries.load(), 2u);
+  EXPECT_TRUE(cache.list().empty());
+  cache.publish(row(1));  // rebuilt
+  EXPECT_TRUE(cache.lookup(row(1).key, "sm_90a", kCompiler));
+}
+
+TEST_F(CacheTest, VerifyRepairRemovesBadRows) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    for (uint64_t i = 1; i <= 3; ++i) cache.publish(row(i));
+  }
+  raw_sql(dir() + "/kiln.db", "UPDATE kernels SET checksum = checksum + 1 WHERE kernel = 'k2'");
+  const CacheVerifyReport r = cache_verify(true, dir());
+  EXPECT_EQ(r.checked, 3u);
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].find("k2"), std::string::npos);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_TRUE(cache_verify(false, dir()).problems.empty());
+  EXPECT_EQ(cache_list(dir()).size(), 2u);
+}
+
+TEST_F(CacheTest, EvictsLeastRecentlyUsedFirst) {
+  KernelCache cache(dir(), {}, 3500, Mode::kServe);  // room for three 1000-byte rows
+  for (uint64_t i = 1; i <= 3; ++i) cache.publish(row(i));
+  raw_sql(dir() + "/kiln.db", "UPDATE kernels SET last_used = 100 WHERE kernel = 'k1';"
+                              "UPDATE kernels SET last_used = 300 WHERE kernel = 'k2';"
+                              "UPDATE kernels SET last_used = 200 WHERE kernel = 'k3'");
+  cache.publish(row(4));  // over budget: k1 (oldest) goes
+  std::set<std::string> left;
+  for (const auto& e : cache.list()) left.insert(e.kernel);
+  EXPECT_EQ(left, (std::set<std::string>{"k2", "k3", "k4"}));
+  EXPECT_EQ(cache.counters().evictions.load(), 1u);
+  EXPECT_EQ(cache_prune(1500, dir()), 2u);  // keep one row: the most recently used, k4
+  EXPECT_EQ(cache_list(dir()).front().kernel, "k4");
+}
+
+TEST_F(CacheTest, ExportImportRoundTripWithTargetFilter) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1, "sm_90a"));
+    cache.publish(row(2, "sm_100a"));
+    cache.publish(row(3, "sm_90a"));
+  }
+  const std::string bundle = dir("bundle.kiln");
+  EXPECT_EQ(cache_export(bundle, "sm_90a", "", dir()), 2u);
+  EXPECT_THROW(cache_export(bundle, "", "", dir()), Error) << "never overwrites";
+  const CacheImportReport r = cache_import(bundle, dir("other"));
+  EXPECT_EQ(r.imported, 2u);
+  EXPECT_TRUE(r.rejected.empty());
+  EXPECT_EQ(cache_import(bundle, dir("other")).already_present, 2u);
+  KernelCache other(dir("other"), {}, 1 << 30, Mode::kServe);
+  auto found = other.lookup(row(3).key, "sm_90a", kCompiler);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->row.binary, row(3).binary);
+  EXPECT_FALSE(other.lookup(row(2).key, "sm_100a", kCompiler));
+}
+
+TEST_F(CacheTest, ImportRejectsTamperedRowsAndForeignFiles) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+    cache.publish(row(2));
+  }
+  const std::string bundle = dir("bundle.kiln");
+  cache_export(bundle, "", "", dir());
+  raw_sql(bundle, "UPDATE kernels SET binary = zeroblob(1000) WHERE kernel = 'k1'");
+  raw_sql(bundle, "UPDATE kernels SET size = 5 WHERE kernel = 'k2'");
+  const CacheImportReport r = cache_import(bundle, dir("other"));
+  EXPECT_EQ(r.imported, 0u);
+  ASSERT_EQ(r.rejected.size(), 2u);
+  std::ofstream(dir("garbage.kiln")) << "this is not a database at all, just text that goes on for a while";
+  EXPECT_THROW(cache_import(dir("garbage.kiln"), dir("other")), Error);
+  raw_sql(dir("foreign.db"), "CREATE TABLE t (x)");
+  try {
+    cache_import(dir("foreign.db"), dir("other"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCacheError);
+    EXPECT_NE(std::string(e.what()).find("not a kiln cache"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CacheTest, SeedTierIsReadAfterTheWritableOneAndNeverWritten) {
+  {
+    KernelCache seed_source(dir("seedsrc"), {}, 1 << 30, Mode::kServe);
+    seed_source.publish(row(1));
+    seed_source.publish(row(2));
+  }
+  const std::string seed = dir("seed.kiln");
+  cache_export(seed, "", "", dir("seedsrc"));
+  const std::string before = file_bytes(seed);
+  KernelCache cache(dir(), {seed}, 1 << 30, Mode::kServe);
+  auto found = cache.lookup(row(1).key, "sm_90a", kCompiler);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tier, KernelCache::Tier::kSeed);
+  cache.publish(row(1));  // now also in the writable database, which wins
+  EXPECT_EQ(cache.lookup(row(1).key, "sm_90a", kCompiler)->tier, KernelCache::Tier::kDisk);
+  EXPECT_FALSE(cache.lookup(row(2).key, "sm_100a", kCompiler));  // mismatch in a seed: ignored, not deleted
+  EXPECT_TRUE(file_bytes(seed) == before);
+  EXPECT_FALSE(fs::exists(seed + "-wal"));
+}
+
+TEST_F(CacheTest, GarbageTruncatedAndForeignDatabasesAreLeftAloneAndServedFromMemory) {
+  fs::create_directories(dir());
+  fs::permissions(dir(), fs::perms::owner_all);
+  const std::string db = dir() + "/kiln.db";
+  const std::map<std::string, std::function<void()>> cases = {
+      {"garbage", [&] { std::ofstream(db) << std::string(5000, 'x'); }},
+      {"truncated", [&] {
+         {
+           KernelCache c(dir(), {}, 1 << 30, Mode::kServe);
+           for (uint64_t i = 1; i <= 20; ++i) c.publish(row(i, "sm_90a", 5000));
+         }
+         fs::resize_file(db, 1000);
+       }},
+      {"foreign", [&] { raw_sql(db, "CREATE TABLE t (x); PRAGMA application_id = 42"); }},
+      {"newer schema", [&] {
+         { KernelCache c(dir(), {}, 1 << 30, Mode::kServe); }
+         raw_sql(db, "PRAGMA user_version = 99");
+       }},
+  };
+  for (const auto& [name, make] : cases) {
+    fs::remove(db);
+    fs::remove(db + "-wal");
+    fs::remove(db + "-shm");
+    make();
+    fs::permissions(db, fs::perms::owner_read | fs::perms::owner_write);
+    const std::string before = file_bytes(db);
+    warnings_.clear();
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    EXPECT_FALSE(cache.persistent()) << name;
+    EXPECT_FALSE(cache.degraded_reason().empty()) << name;
+    EXPECT_FALSE(cache.lookup(row(1).key, "sm_90a", kCompiler)) << name;
+    cache.publish(row(1));  // no crash, no write
+    EXPECT_EQ(warnings_.size(), 1u) << name << ": warns once";
+    EXPECT_TRUE(file_bytes(db) == before) << name << ": the file is untouched";
+    EXPECT_THROW(KernelCache(dir(), {}, 1 << 30, Mode::kStrict), Error) << name;
+  }
+}
+
+TEST_F(CacheTest, RefusesWhatOtherUsersCanWrite) {
+  fs::create_directories(dir());
+  fs::permissions(dir(), fs::perms::all);  // 0777
+  KernelCache open_dir(dir(), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(open_dir.persistent());
+  EXPECT_NE(open_dir.degraded_reason().find("writable by other users"), std::string::npos) << open_dir.degraded_reason();
+  try {
+    cache_list(dir());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chmod go-w"), std::string::npos);
+  }
+
+  fs::permissions(dir(), fs::perms::owner_all);
+  { KernelCache ok(dir(), {}, 1 << 30, Mode::kServe); }
+  fs::permissions(dir() + "/kiln.db", fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_write);
+  KernelCache open_db(dir(), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(open_db.persistent());
+  EXPECT_NE(open_db.degraded_reason().find("kiln.db is writable by other users"), std::string::npos);
+
+  // kiln.db as a symlink out of the cache directory.
+  fs::remove(dir() + "/kiln.db");
+  { KernelCache elsewhere(dir("elsewhere"), {}, 1 << 30, Mode::kServe); }
+  fs::create_symlink(dir("elsewhere") + "/kiln.db", dir() + "/kiln.db");
+  KernelCache linked(dir(), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(linked.persistent());
+  EXPECT_NE(linked.degraded_reason().find("symbolic link"), std::string::npos);
+}
+
+TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {
+  EXPECT_TRUE(is_network_filesystem_magic(0x6969));      // NFS
+  EXPECT_TRUE(is_network_filesystem_magic(0x0bd00bd0));  // Lustre
+  EXPECT_TRUE(is_network_filesystem_magic(0x47504653));  // GPFS
+  EXPECT_FALSE(is_network_filesystem_magic(0xef53));     // ext4
+  EXPECT_FALSE(is_network_filesystem_magic(0x01021994)); // tmpfs
+}
+
+TEST_F(CacheTest, WriterKilledMidTransactionLeavesNoPartialRowAndNoLock) {
+  { KernelCache cache(dir(), {}, 1 << 30, Mode::kServe); cache.publish(row(1)); }
+  const std::string db = dir() + "/kiln.db";
+  const pid_t child = fork();
+  if (child == 0) {
+    sqlite3* raw = nullptr;
+    sqlite3_open(db.c_str(), &raw);
+    sqlite3_exec(raw, "BEGIN IMMEDIATE; INSERT INTO kernels (key, kernel, operator, signature, target, backend, compiler, "
+                      "options, entry, binary, size, checksum, compile_ms, created, last_used) VALUES (x'00112233445566778899aabbccddeeff',"
+                      " 'partial', 'op', 's', 'sm_90a', 'cuda', 'c', '', 'e', zeroblob(100000), 100000, 0, 0, 0, 0)",
+                 nullptr, nullptr, nullptr);
+    ::kill(::getpid(), SIGKILL);  // holding the write lock, uncommitted
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+  ASSERT_TRUE(cache.persistent());
+  const auto start = std::chrono::steady_clock::now();
+  cache.publish(row(2));  // the dead writer's lock is gone
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  std::set<std::string> kernels;
+  for (const auto& e : cache.list()) kernels.insert(e.kernel);
+  EXPECT_EQ(kernels, (std::set<std::string>{"k1", "k2"}));
+  EXPECT_TRUE(cache_verify(false, dir()).problems.empty());
+}
+
+// ---- real kiln processes ------------------------------------------------------------------------
+
+const char* kPrefillSig = "dtype=bf16,head_dim=64,group=4,causal=1,window=0,sinks=0,softcap=0,lse=0";
+
+// Runs `kiln compile --json` for each signature in its own process, all at once; returns each
+// process's origin ("compiled"/"disk"), or "rc=N" on failure.
+std::vector<std::string> race(const std::string& cache_dir, const std::vector<std::string>& sigs, const std::string& env = "") {
+  const fs::path base = fs::path(cache_dir).parent_path();
+  fs::create_directories(base);
+  std::string script = "cd " + base.string() + "; ";
+  for (size_t i = 0; i < sigs.size(); ++i) {
+    script += fmt::format("( {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; echo $? > rc.{} ) & ",
+                          env, cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
+  }
+  script += "wait";
+  EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
+  std::vector<std::string> origins;
+  for (size_t i = 0; i < sigs.size(); ++i) {
+    const std::string rc = file_bytes((base / ("rc." + std::to_string(i))).string());
+    if (std::stoi(rc) != 0) {
+      origins.push_back("rc=" + rc + " " + file_bytes((base / ("err." + std::to_string(i))).string()));
+      continue;
+    }
+    origins.push_back(nlohmann::json::parse(file_bytes((base / ("out." + std::to_string(i))).string()))["origin"]);
+  }
+  return origins;
+}
+
+TEST_F(CacheTest, SixteenProcessesOneKeyCompileOnce) {
+  fs::create_directories(dir_);
+  const auto origins = race(dir(), std::vector<std::string>(16, kPrefillSig));
+  EXPECT_EQ(std::count(origins.begin(), origins.end(), "compiled"), 1) << ::testing::PrintToString(origins);
+  EXPECT_EQ(std::count(origins.begin(), origins.end(), "disk"), 15) << ::testing::PrintToString(origins);
+  EXPECT_EQ(cache_list(dir()).size(), 1u);
+}
+
+TEST_F(CacheTest, SixteenProcessesFourKeysCompileEachOnce) {
+  fs::create_directories(dir_);
+  std::vector<std::string> sigs;
+  for (int i = 0; i < 16; ++i) {
+    sigs.push_back(fmt::format("dtype=bf16,head_dim={},group=4,causal=1,window=0,sinks=0,softcap=0,lse=0", 32 * (1 + i % 4)));
+  }
+  const auto origins = race(dir(), sigs);
+  EXPECT_EQ(std::count(origins.begin(), origins.end(), "compiled"), 4) << ::testing::PrintToString(origins);
+  EXPECT_EQ(std::count(origins.begin(), origins.end(), "disk"), 12) << ::testing::PrintToString(origins);
+  EXPECT_EQ(cache_list(dir()).size(), 4u);
+}
+
+TEST_F(CacheTest, ProcessKilledMidCompileLeavesNoLock) {
+  fs::create_directories(dir());
+  fs::permissions(dir(), fs::perms::owner_all);
+  // A process whose compile hangs (the fake worker) holds the key's lock; kill -9 its group.
+  const std::string cmd = fmt::format("KILN_CACHE_DIR={} KILN_COMPILE_WORKER={} setsid {} compile mha_prefill --target sm_90a --sig {} "
+                                      "> /dev/null 2>&1 & echo $!", dir(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI, kPrefillSig);
+  FILE* p = popen(cmd.c_str(), "r");
+  int pid = 0;
+  ASSERT_EQ(fscanf(p, "%d", &pid), 1);
+  pclose(p);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // it is compiling, lock held
+  ASSERT_EQ(::kill(-pid, SIGKILL), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto origins = race(dir(), {kPrefillSig});
+  EXPECT_EQ(origins, std::vector<std::string>{"compiled"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  EXPECT_TRUE(cache_verify(false, dir()).problems.empty());
+}
+
+TEST_F(CacheTest, FullDiskKeepsServingFromMemory) {
+  fs::create_directories(dir_);
+  // A file-size limit of 24 KiB: the database can be created but the 15 KiB CUBIN row cannot be
+  // written. SIGXFSZ is ignored so the write fails with EFBIG, as on a full disk.
+  const std::string cmd = fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 24; KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a "
+                                      "--json --sig {} > {}/out 2> {}/err'", dir(), KILN_TEST_CLI, kPrefillSig, dir_.string(), dir_.string());
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << file_bytes(dir_.string() + "/err");
+  EXPECT_EQ(nlohmann::json::parse(file_bytes(dir_.string() + "/out"))["origin"], "compiled");
+  const std::string err = file_bytes(dir_.string() + "/err");
+  EXPECT_NE(err.find("kept in memory only"), std::string::npos) << err;
+  EXPECT_TRUE(cache_verify(false, dir()).problems.empty());
+}
+
+TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {
+  fs::create_directories(dir_);
+  ASSERT_EQ(race(dir(), {kPrefillSig}), std::vector<std::string>{"compiled"});
+  // Another user can read but not write this root-owned 0755 directory: as far as that user is
+  // concerned it is read-only. setpriv switches to `nobody` for the child process.
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir() + "/kiln.db", fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  if (::geteuid() != 0 || std::system("command -v setpriv > /dev/null") != 0) GTEST_SKIP() << "needs root and setpriv";
+  const std::string out = "/tmp/kiln-ro-" + std::to_string(::getpid());
+  fs::create_directories(out);
+  fs::permissions(out, fs::perms::all);
+  auto run_as_nobody = [&](const std::string& sig, const std::string& tag) {
+    const std::string cmd = fmt::format("setpriv --reuid=nobody --regid=nogroup --clear-groups env HOME=/nonexistent KILN_CACHE_DIR={} "
+                                        "KILN_COMPILE_ISOLATION=inprocess {} compile mha_prefill --target sm_90a --json --sig {} > {}/{}.out 2> {}/{}.err",
+                                        dir(), KILN_TEST_CLI, sig, out, tag, out, tag);
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << file_bytes(out + "/" + tag + ".err");
+    return nlohmann::json::parse(file_bytes(out + "/" + tag + ".out"))["origin"].get<std::string>();
+  };
+  EXPECT_EQ(run_as_nobody(kPrefillSig, "hit"), "disk");
+  EXPECT_EQ(run_as_nobody("dtype=f16,head_dim=64,group=4,causal=1,window=0,sinks=0,softcap=0,lse=0", "miss"), "compiled");
+  EXPECT_NE(file_bytes(out + "/miss.err").find("read-only"), std::string::npos) << file_bytes(out + "/miss.err");
+  EXPECT_EQ(cache_list(dir()).size(), 1u) << "nothing was written by the read-only user";
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace kiln::detail
