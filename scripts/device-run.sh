@@ -6,7 +6,7 @@ root=$(pwd)
 mkdir -p /work && [ -e /work/main ] || ln -s "$root" /work/main
 [ -e "$root/build-device" ] || ln -s "$root/.carry/build-device" "$root/build-device"
 export LD_LIBRARY_PATH="$root/.carry/deps:${LD_LIBRARY_PATH:-}"
-export KILN_CACHE_DIR="${OUT:-/tmp}/kiln-cache"
+export KILN_CACHE_DIR=/tmp/kiln-cache
 out=${OUT:-/tmp/kiln-out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 /work/main/build-device/bin/kiln devices | tee -a "$out/device.txt"
@@ -23,3 +23,11 @@ if command -v compute-sanitizer >/dev/null; then
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
   done
 fi
+echo "== first call in a fresh process: cold (compile), warm (disk cache), in-process hit =="
+printf "%-26s %10s %10s %12s\n" operator cold_ms warm_ms in_process_ms | tee "$out/first_call.txt"
+for op in mha_prefill mha_decode_with_kvcache moe_apply; do
+  dir=$(mktemp -d)/cache
+  cold=$(KILN_CACHE_DIR=$dir /work/main/build-device/bin/kiln_first_call $op)
+  warm=$(KILN_CACHE_DIR=$dir /work/main/build-device/bin/kiln_first_call $op)
+  python3 -c "import json,sys; c=json.loads(sys.argv[1]); w=json.loads(sys.argv[2]); print('%-26s %10.1f %10.1f %12.2f' % (sys.argv[3], c['first_call_ms'], w['first_call_ms'], w['second_call_ms']))" "$cold" "$warm" $op | tee -a "$out/first_call.txt"
+done
