@@ -1,4 +1,6 @@
 // kiln_first_call OP: the latency of an operator's first call in this process, and of its second.
+// Shapes and signatures are GPT-OSS-120B's (they are in cache/manifests/gpt-oss-120b.json), so
+// a cache warmed with `kiln warmup --manifest gpt-oss-120b` serves them.
 // Run it with an empty KILN_CACHE_DIR (cold: compile), again with the same directory (warm: a
 // database hit), and read the second call as the in-process hit. Prints one JSON object.
 // The context, buffers and inputs are made before the clock starts: an engine has them already.
@@ -65,7 +67,7 @@ int main(int argc, char** argv) {
     KILN_CU_CALL(cuDeviceGet, &dev, 0);
     KILN_CU_CALL(cuDevicePrimaryCtxRetain, &ctx, dev);
     KILN_CU_CALL(cuCtxSetCurrent, ctx);
-    Arena arena(size_t{1} << 30);
+    Arena arena(size_t{3} << 30);
     std::function<void()> call;
     MhaPrefillArgs prefill;
     MhaDecodeArgs decode;
@@ -85,7 +87,9 @@ int main(int argc, char** argv) {
       prefill.causal = true;
       prefill.window_left = 128;
       call = [&] { mha_prefill(prefill, nullptr); };
-    } else if (op == "mha_decode_with_kvcache") {  // 8 sequences of 1024 tokens, page 16
+    } else if (op == "mha_decode_with_kvcache") {  // full-attention layer with sinks; 8 sequences of 1024 tokens, page 16
+      decode.sinks = arena.tensor(DType::kF32, {64});
+      KILN_CU_CALL(cuMemsetD32, reinterpret_cast<CUdeviceptr>(decode.sinks.data), 0, 64);
       decode.q = arena.tensor(DType::kBF16, {8, 64, 64});
       decode.out = arena.tensor(DType::kBF16, {8, 64, 64});
       decode.k_cache = arena.tensor(DType::kBF16, {512, 16, 8, 64});
@@ -97,8 +101,8 @@ int main(int argc, char** argv) {
       arena.fill_i32(decode.page_table, pages);
       arena.fill_i32(decode.cache_seqlens, std::vector<int>(8, 1024));
       call = [&] { mha_decode_with_kvcache(decode, nullptr); };
-    } else if (op == "moe_apply") {  // GPT-OSS-120B layer shape, MXFP4 weights, 32 of its 128 experts, 4 tokens
-      const int64_t E = 32, H = 2880, I = 2880;
+    } else if (op == "moe_apply") {  // the GPT-OSS-120B MoE layer: 128 MXFP4 experts, top-4, biases; 4 tokens
+      const int64_t E = 128, H = 2880, I = 2880;
       moe.x = arena.tensor(DType::kBF16, {4, H});
       moe.out = arena.tensor(DType::kBF16, {4, H});
       moe.router_logits = arena.tensor(DType::kBF16, {4, E});
@@ -107,6 +111,8 @@ int main(int argc, char** argv) {
       moe.w13_scale = arena.tensor(DType::kE8M0, {E, 2 * I, H / 32});
       moe.w2 = arena.tensor(DType::kF4E2M1x2, {E, H, I / 2});
       moe.w2_scale = arena.tensor(DType::kE8M0, {E, H, I / 32});
+      moe.w13_bias = arena.tensor(DType::kBF16, {E, 2 * I});
+      moe.w2_bias = arena.tensor(DType::kBF16, {E, H});
       moe.activation = MoeActivation::kSwigluClamped;
       moe.gate_up_layout = GateUpLayout::kInterleaved;
       call = [&] { moe_apply(moe, nullptr); };

@@ -31,3 +31,9 @@ for op in mha_prefill mha_decode_with_kvcache moe_apply; do
   warm=$(KILN_CACHE_DIR=$dir /work/main/build-device/bin/kiln_first_call $op)
   python3 -c "import json,sys; c=json.loads(sys.argv[1]); w=json.loads(sys.argv[2]); print('%-26s %10.1f %10.1f %12.2f' % (sys.argv[3], c['first_call_ms'], w['first_call_ms'], w['second_call_ms']))" "$cold" "$warm" $op | tee -a "$out/first_call.txt"
 done
+echo "== warm-up of gpt-oss-120b for sm_90a on this machine ($(nproc) cores), then a fresh process per operator =="
+wdir=$(mktemp -d)/cache
+/usr/bin/time -f "warmup wall %e s" /work/main/build-device/bin/kiln --cache "$wdir" warmup --manifest gpt-oss-120b 2>&1 | grep -vE "^\[" | tee "$out/warmup.txt"
+for op in mha_prefill mha_decode_with_kvcache moe_apply; do
+  KILN_CACHE_DIR=$wdir /work/main/build-device/bin/kiln_first_call $op | tee -a "$out/warmup.txt"
+done

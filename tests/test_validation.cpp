@@ -218,3 +218,29 @@ TEST(Validation, MoeMxfp4) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+void expect_keys_match(const Signature& sig) {
+  const SignatureKeys keys = signature_keys(sig.op());
+  for (const auto& k : keys.required) EXPECT_TRUE(sig.has(k)) << sig.canonical() << " lacks " << k;
+  for (const auto& [k, v] : sig.fields()) {
+    const bool known = std::count(keys.required.begin(), keys.required.end(), k) + std::count(keys.optional.begin(), keys.optional.end(), k);
+    EXPECT_TRUE(known) << sig.canonical() << ": " << k << " is not in signature_keys()";
+  }
+}
+
+TEST(Validation, SignatureKeysAreWhatSignatureOfProduces) {
+  expect_keys_match(signature_of(valid_prefill()));
+  expect_keys_match(signature_of(valid_decode()));
+  expect_keys_match(signature_of(valid_moe()));
+  MoeArgs softmax = valid_moe();
+  softmax.routing = MoeRouting::kSoftmaxThenTopk;
+  EXPECT_TRUE(signature_of(softmax).has("renormalize"));
+  expect_keys_match(signature_of(softmax));
+  expect_keys_match(signature_of(valid_moe_mxfp4()));
+}
+
+}  // namespace
+}  // namespace kiln

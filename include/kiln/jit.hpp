@@ -38,7 +38,9 @@ struct CompiledKernel {
   std::string compiler;        // compiler identity
   std::vector<uint8_t> binary; // CUBIN
   double compile_ms = 0;
-  std::string origin;          // "compiled", "disk" (the cache) or "seed" (a seed database)
+  // "compiled", "disk" (the cache), "seed" (a seed database), or "memory" (an earlier call in this
+  // process produced the same binary, e.g. for another signature that specializes identically)
+  std::string origin;
 };
 
 // Selects the kernel for `sig` on `target` (a name from known_targets()) and compiles it, or

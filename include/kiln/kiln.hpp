@@ -9,3 +9,4 @@
 #include "kiln/platform.hpp"
 #include "kiln/registry.hpp"
 #include "kiln/tensor.hpp"
+#include "kiln/warmup.hpp"

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kiln/registry.hpp"
 #include "kiln/tensor.hpp"
@@ -120,5 +121,13 @@ void validate(const MoeArgs& args);
 Signature signature_of(const MhaPrefillArgs& args);
 Signature signature_of(const MhaDecodeArgs& args);
 Signature signature_of(const MoeArgs& args);
+
+// The keys signature_of() produces for an operator: `required` always, `optional` in some calls
+// (moe_apply: "logits" with router logits, "renormalize" with softmax-then-top-k routing).
+struct SignatureKeys {
+  std::vector<std::string> required;
+  std::vector<std::string> optional;
+};
+SignatureKeys signature_keys(const OperatorId& op);
 
 }  // namespace kiln

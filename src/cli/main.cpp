@@ -1,11 +1,16 @@
-// The `kiln` command: devices, list, explain, compile, cache.
+// The `kiln` command: devices, list, explain, compile, cache, manifests, warmup.
 //
 // Exit codes (scripts may rely on them):
 //   0 success; 1 internal or other error; 2 bad usage or invalid argument; 3 no kernel for the
 //   signature; 4 compile failed; 5 driver, device or compiler library unavailable; 6 the cache
-//   cannot be used or has problems (verify).
+//   cannot be used or has problems (verify); 130 warm-up interrupted (Ctrl-C).
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <sstream>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -180,6 +185,80 @@ int cmd_cache_verify(const std::string& dir, bool repair, bool as_json) {
   return r.problems.empty() || r.removed == r.problems.size() ? 0 : 6;
 }
 
+std::atomic<bool> interrupted{false};
+
+// Progress on a terminal: one line redrawn in place; otherwise one plain line per item.
+void show_progress(const kiln::WarmupProgress& p, bool terminal) {
+  const double rate = p.elapsed_seconds > 0 ? static_cast<double>(p.done) / p.elapsed_seconds : 0;
+  const double eta = rate > 0 ? static_cast<double>(p.total - p.done) / rate : 0;
+  if (terminal) {
+    const int width = 30;
+    const int filled = p.total ? static_cast<int>(width * p.done / p.total) : width;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu  compiled %zu  cached %zu  shared %zu  failed %zu  %.1f/s  ETA %.0fs   ",
+                 std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), '.').c_str(),
+                 p.done, p.total, p.compiled, p.cached, p.shared, p.failed, rate, eta);
+    if (p.done == p.total) std::fprintf(stderr, "\n");
+  } else if (p.last != nullptr) {
+    static const char* names[] = {"compiled", "cached", "shared", "FAILED", "cancelled"};
+    std::fprintf(stderr, "[%zu/%zu] %-9s %-10s %-30s %s (%.0f ms)\n", p.done, p.total,
+                 names[static_cast<int>(p.last->status)], p.last->target.c_str(), p.last->kernel.c_str(),
+                 p.last->signature.c_str(), p.last->milliseconds);
+  }
+  std::fflush(stderr);
+}
+
+int cmd_warmup(const std::string& manifest_name, const std::string& targets_text, int jobs, bool as_json) {
+  const kiln::Manifest manifest = kiln::load_manifest(manifest_name);
+  kiln::WarmupOptions options;
+  std::stringstream ss(targets_text);
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (!t.empty()) options.targets.push_back(t);
+  }
+  options.jobs = jobs;
+  options.cancel = &interrupted;
+  const bool terminal = ::isatty(2) != 0;
+  options.on_progress = [terminal](const kiln::WarmupProgress& p) { show_progress(p, terminal); };
+  // Ctrl-C stops new compiles; what finished is in the cache, and a rerun continues from there.
+  std::signal(SIGINT, [](int) { interrupted.store(true); });
+  const kiln::WarmupReport r = kiln::warmup(manifest, options);
+  const kiln::CacheStats cache = kiln::cache_stats();
+  if (as_json) {
+    json items = json::array();
+    static const char* names[] = {"compiled", "cached", "shared", "failed", "cancelled"};
+    for (const auto& i : r.items) {
+      items.push_back({{"signature", i.signature}, {"target", i.target}, {"kernel", i.kernel},
+                       {"status", names[static_cast<int>(i.status)]}, {"reason", i.reason}, {"bytes", i.bytes}, {"ms", i.milliseconds}});
+    }
+    std::cout << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled}, {"cached", r.cached},
+                      {"shared", r.shared}, {"failed", r.failed}, {"cancelled", r.cancelled}, {"seconds", r.seconds}, {"bytes", r.bytes},
+                      {"cache", cache.directory}, {"persistent", cache.persistent}, {"items", items}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("warm-up of {} for {}: {} signatures x {} target(s)\n", manifest.model, fmt::join(options.targets, ","),
+                             manifest.signatures.size(), options.targets.size());
+    std::cout << fmt::format("  compiled   {}\n  cached     {} (already in the cache)\n  shared     {} (same binary as another signature)\n  failed     {}\n",
+                             r.compiled, r.cached, r.shared, r.failed);
+    if (r.cancelled) std::cout << fmt::format("  cancelled  {} (interrupted; run again to continue)\n", r.cancelled);
+    std::cout << fmt::format("  time       {:.1f} s\n  binaries   {}\n  cache      {}{}\n", r.seconds, human_bytes(r.bytes),
+                             cache.directory, cache.persistent ? "" : " (NOT persistent: " + cache.degraded_reason + ")");
+    for (const auto& i : r.items) {
+      if (i.status == kiln::WarmupItem::Status::kFailed) std::cout << fmt::format("  failed: {} on {}: {}\n", i.signature, i.target, i.reason);
+    }
+  }
+  if (r.cancelled) return 130;
+  return r.failed || !cache.persistent ? 1 : 0;
+}
+
+int cmd_manifests() {
+  std::cout << fmt::format("{:<16} {:>10}  {}\n", "MODEL", "SIGNATURES", "DESCRIPTION");
+  for (const auto& name : kiln::builtin_manifests()) {
+    const kiln::Manifest m = kiln::load_manifest(name);
+    std::cout << fmt::format("{:<16} {:>10}  {}\n", name, m.signatures.size(), m.description);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,6 +311,15 @@ int main(int argc, char** argv) {
   auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums verified)");
   cache_import->add_option("file", file, "Bundle to read")->required();
 
+  std::string manifest_name, targets_text = "sm_90a";
+  int jobs = 0;
+  auto* manifests = app.add_subcommand("manifests", "List the model manifests built into kiln");
+  auto* warmup = app.add_subcommand("warmup", "Compile every kernel a model needs into the cache (no GPU needed)");
+  warmup->add_option("--manifest", manifest_name, "A manifest file, or a built-in model name (kiln manifests)")->required();
+  warmup->add_option("--target", targets_text, "Comma-separated targets (default sm_90a)");
+  warmup->add_option("-j,--jobs", jobs, "Parallel compiles (default: one per core)");
+  warmup->add_flag("--json", as_json, "Machine-readable summary");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -258,6 +346,8 @@ int main(int argc, char** argv) {
       std::cout << fmt::format("imported {} entries, {} already present, {} rejected\n", r.imported, r.already_present, r.rejected.size());
       return r.rejected.empty() ? 0 : 6;
     }
+    if (*manifests) return cmd_manifests();
+    if (*warmup) return cmd_warmup(manifest_name, targets_text, jobs, as_json);
     if (*devices) return cmd_devices(as_json);
     if (*list) return cmd_list(family, as_json);
     if (*explain) return cmd_explain(op, sig, target, as_json);

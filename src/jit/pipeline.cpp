@@ -13,6 +13,7 @@
 #include "cache/kernel_cache.hpp"
 #include "cache/key_lock.hpp"
 #include "jit/compiler.hpp"
+#include "warmup/capture.hpp"
 #include "jit/sources.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
@@ -68,6 +69,7 @@ LoadedTable& loaded_table() {
 // The miss path: select, specialize, compile (or reuse the binary), load into the context.
 std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, cuda::Device& dev, CUcontext context) {
   const Signature sig = call.make_signature(call.args);
+  capture_signature(sig);
   auto loaded = std::make_shared<LoadedKernel>();
   loaded->registry_generation = Registry::global().generation();
   loaded->spec = Registry::global().select(sig, dev.platform);
@@ -183,7 +185,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
 
 }  // namespace
 
-std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check) {
+std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check, bool* shared) {
   const std::string& identity = compiler_identity(request.compiler);
   const KernelKey key = compute_key(request, identity);
   CompileTable& table = compile_table();
@@ -201,6 +203,7 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
       owner = true;
     }
   }
+  if (shared != nullptr) *shared = !owner;
   if (!owner) {
     KernelCache::process().counters().memory_hits++;
     return future.get();
@@ -240,7 +243,8 @@ CompiledKernel compile_for_target(const Signature& sig, const std::string& targe
   const Platform platform = platform_for_target(target);
   const auto spec = Registry::global().select(sig, platform);
   const detail::CompileRequest request = detail::build_request(*spec, sig, platform);
-  const auto binary = detail::get_or_compile(request);
+  bool shared = false;
+  const auto binary = detail::get_or_compile(request, nullptr, &shared);
   CompiledKernel out;
   out.kernel = spec->name;
   out.signature = sig.canonical();
@@ -251,7 +255,7 @@ CompiledKernel compile_for_target(const Signature& sig, const std::string& targe
   out.compiler = detail::compiler_identity(request.compiler);
   out.binary = binary->result.binary;
   out.compile_ms = binary->result.compile_ms;
-  out.origin = binary->origin;
+  out.origin = shared ? "memory" : binary->origin;
   return out;
 }
 

@@ -28,6 +28,8 @@ using BinaryCheck = std::function<void(const CompiledBinary&)>;
 // passed through `check` when given: a row that fails it is dropped), else compiled — once per
 // key in the process (concurrent callers wait for the one compile) and once per key across the
 // host's processes (a per-key lock) — then checked and published to the cache.
-std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check = nullptr);
+// `shared`, when given, is set when another call in this process produced the binary.
+std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check = nullptr,
+                                                     bool* shared = nullptr);
 
 }  // namespace kiln::detail

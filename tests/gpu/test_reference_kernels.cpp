@@ -17,6 +17,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
+#include "kiln/warmup.hpp"
 #include "support/cpu_reference.hpp"
 #include "support/device_buffer.hpp"
 
@@ -462,6 +463,35 @@ TEST_F(Gpu, BinaryThatDoesNotLoadIsDroppedAndRebuilt) {
   EXPECT_EQ(again["compiles"], 1) << again.dump();
   EXPECT_EQ(again["bad_entries"], 1) << again.dump();
   EXPECT_EQ(first_call("mha_decode_with_kvcache", dir)["disk_hits"], 1) << "the rebuilt row serves the next process";
+  std::filesystem::remove_all(base);
+}
+
+}  // namespace
+}  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+TEST_F(Gpu, WarmedManifestServesAFreshProcessAndCaptureRecordsItsSignature) {
+  const std::string base = testing::TempDir() + "/kiln-warmup-gpu-" + std::to_string(::getpid());
+  const std::string dir = base + "/cache";
+  std::filesystem::create_directories(base);
+  ASSERT_EQ(std::system((std::string("KILN_CACHE_DIR=") + dir + " " + KILN_TEST_CLI + " warmup --manifest gpt-oss-120b > /dev/null 2>&1").c_str()), 0);
+  for (const char* op : {"mha_prefill", "mha_decode_with_kvcache", "moe_apply"}) {
+    const std::string captured = base + "/" + op + ".json";
+    const std::string cmd = "KILN_CAPTURE=" + captured + " KILN_CACHE_DIR=" + dir + " " + KILN_TEST_FIRST_CALL + " " + op + " > " + base + "/out.json";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    std::ifstream in(base + "/out.json");
+    const nlohmann::json report = nlohmann::json::parse(in);
+    EXPECT_EQ(report["compiles"], 0) << op << ": the warmed cache has its kernel: " << report.dump();
+    EXPECT_EQ(report["disk_hits"], 1) << report.dump();
+    const Manifest m = load_manifest(captured);
+    ASSERT_EQ(m.signatures.size(), 1u);
+    const Manifest model = load_manifest("gpt-oss-120b");
+    bool in_model = false;
+    for (const auto& s : model.signatures) in_model |= (s == m.signatures[0]);
+    EXPECT_TRUE(in_model) << m.signatures[0].canonical();
+  }
   std::filesystem::remove_all(base);
 }
 

@@ -1,0 +1,87 @@
+// Parallel warm-up of the cache from a manifest: every signature for every target, through the
+// selector and the JIT pipeline, with no GPU needed.
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "kiln/error.hpp"
+#include "kiln/jit.hpp"
+#include "kiln/warmup.hpp"
+
+namespace kiln {
+
+WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
+  if (options.targets.empty()) throw Error(ErrorCode::kInvalidArgument, "targets: name at least one target (e.g. sm_90a)");
+  for (const auto& t : options.targets) platform_for_target(t);  // an unknown target fails before any work
+  WarmupReport report;
+  for (const auto& target : options.targets) {
+    for (const auto& sig : manifest.signatures) {
+      WarmupItem item;
+      item.signature = sig.canonical();
+      item.target = target;
+      report.items.push_back(std::move(item));
+    }
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t jobs = std::min<size_t>(options.jobs > 0 ? static_cast<size_t>(options.jobs) : cores, std::max<size_t>(report.items.size(), 1));
+  const auto start = std::chrono::steady_clock::now();
+  std::mutex mutex;  // guards progress and the callback
+  WarmupProgress progress;
+  progress.total = report.items.size();
+  std::atomic<size_t> next{0};
+  const size_t per_target = manifest.signatures.size();
+
+  auto work = [&] {
+    while (true) {
+      const size_t i = next.fetch_add(1);
+      if (i >= report.items.size()) return;
+      WarmupItem& item = report.items[i];
+      const auto item_start = std::chrono::steady_clock::now();
+      if (options.cancel != nullptr && options.cancel->load()) {
+        item.status = WarmupItem::Status::kCancelled;
+      } else {
+        try {
+          const CompiledKernel k = compile_for_target(manifest.signatures[i % per_target], item.target);
+          item.kernel = k.kernel;
+          item.bytes = k.binary.size();
+          item.status = k.origin == "compiled" ? WarmupItem::Status::kCompiled
+                        : k.origin == "memory"  ? WarmupItem::Status::kShared
+                                                : WarmupItem::Status::kCached;
+        } catch (const Error& e) {
+          // A compile cut short by Ctrl-C (the worker got the signal too) is cancelled, not failed.
+          const bool interrupted = options.cancel != nullptr && options.cancel->load();
+          item.status = interrupted ? WarmupItem::Status::kCancelled : WarmupItem::Status::kFailed;
+          item.reason = e.message().substr(0, e.message().find('\n'));
+        }
+      }
+      item.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - item_start).count();
+      std::lock_guard<std::mutex> lock(mutex);
+      ++progress.done;
+      progress.compiled += item.status == WarmupItem::Status::kCompiled;
+      progress.cached += item.status == WarmupItem::Status::kCached;
+      progress.shared += item.status == WarmupItem::Status::kShared;
+      progress.failed += item.status == WarmupItem::Status::kFailed;
+      progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      progress.last = &item;
+      if (options.on_progress) options.on_progress(progress);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < jobs; ++t) threads.emplace_back(work);
+  for (auto& t : threads) t.join();
+
+  for (const auto& item : report.items) {
+    switch (item.status) {
+      case WarmupItem::Status::kCompiled: ++report.compiled; report.bytes += item.bytes; break;
+      case WarmupItem::Status::kCached: ++report.cached; report.bytes += item.bytes; break;
+      case WarmupItem::Status::kShared: ++report.shared; break;
+      case WarmupItem::Status::kFailed: ++report.failed; break;
+      case WarmupItem::Status::kCancelled: ++report.cancelled; break;
+    }
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace kiln

@@ -1,0 +1,195 @@
+// Manifests (validation with file:line:field errors, expansion), warm-up of every built-in
+// manifest, Ctrl-C during a warm-up, and shape capture from several processes.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kiln/error.hpp"
+#include "kiln/warmup.hpp"
+#include "warmup/capture.hpp"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string manifest_error(const std::string& text) {
+  try {
+    parse_manifest(text, "m.json");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    return e.message();
+  }
+  ADD_FAILURE() << "accepted:\n" << text;
+  return "";
+}
+
+const char* kValid = R"({
+  "kiln_manifest": 1,
+  "model": "toy",
+  "operators": [
+    {
+      "op": "mha_decode_with_kvcache",
+      "signature": {
+        "dtype": "bf16", "kv_dtype": ["bf16", "e4m3"], "head_dim": 128, "group": 8,
+        "page_size": [16, 32, 64], "q_len": 1, "window": false, "sinks": false, "softcap": false, "lse": false
+      }
+    }
+  ],
+  "buckets": {"decode_batch": [1, 8, 64]}
+})";
+
+TEST(Manifest, ArraysExpandToEveryCombination) {
+  const Manifest m = parse_manifest(kValid, "m.json");
+  EXPECT_EQ(m.model, "toy");
+  ASSERT_EQ(m.signatures.size(), 6u);  // 2 kv dtypes x 3 page sizes
+  EXPECT_EQ(m.signatures[0].canonical(),
+            "attention.decode:dtype=bf16,group=8,head_dim=128,kv_dtype=bf16,lse=0,page_size=16,q_len=1,sinks=0,softcap=0,window=0");
+  EXPECT_EQ(m.buckets.at("decode_batch"), (std::vector<int64_t>{1, 8, 64}));
+}
+
+TEST(Manifest, ErrorsNameFileLineAndField) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string t = kValid;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  EXPECT_EQ(manifest_error(with("\"head_dim\": 128", "\"head_dim\": -1")),
+            "m.json:8: operators[0].signature.head_dim: -1 must be a string, a non-negative integer or a boolean");
+  EXPECT_EQ(manifest_error(with("\"page_size\": [16, 32, 64]", "\"page_size\": []")),
+            "m.json:9: operators[0].signature.page_size: an array of values must not be empty");
+  EXPECT_EQ(manifest_error(with("\"q_len\": 1,", "\"q_len\": 1, \"qlen\": 2,")).substr(0, 45),
+            "m.json:9: operators[0].signature.qlen: unknow");
+  EXPECT_NE(manifest_error(with("\"lse\": false", "\"lse_\": false")).find("m.json:7: operators[0].signature: missing key 'lse'"), std::string::npos);
+  EXPECT_EQ(manifest_error(with("mha_decode_with_kvcache", "mha_decode")).substr(0, 40), "m.json:6: operators[0].op: operator: unk");
+  EXPECT_EQ(manifest_error(with("\"kiln_manifest\": 1", "\"kiln_manifest\": 2")),
+            "m.json:2: kiln_manifest: must be 1, the manifest format this kiln reads");
+  EXPECT_EQ(manifest_error(with("\"model\": \"toy\"", "\"modle\": \"toy\"")).substr(0, 27), "m.json:3: modle: unknown fi");
+  EXPECT_EQ(manifest_error(with("[1, 8, 64]", "[1, 0]")), "m.json:13: buckets.decode_batch: 0 is not a positive integer");
+  EXPECT_EQ(manifest_error(with("\"bf16\", \"e4m3\"", "\"bf16\", \"e4:m3\"")).substr(0, 47),
+            "m.json:8: operators[0].signature.kv_dtype: sign");
+  EXPECT_EQ(manifest_error(with("\"q_len\": 1,", "\"q_len\": 1,,")).substr(0, 30), "m.json:9: not valid JSON: [jso");
+  EXPECT_EQ(manifest_error("[]"), "m.json:1: the manifest must be a JSON object");
+}
+
+TEST(Manifest, BuiltinsCoverTheModels) {
+  const auto names = builtin_manifests();
+  for (const char* model : {"gpt-oss-120b", "gpt-oss-20b", "llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b", "mixtral-8x7b"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), model), names.end()) << model;
+    const Manifest m = load_manifest(model);
+    EXPECT_EQ(m.model, model);
+    EXPECT_GE(m.signatures.size(), 5u);
+  }
+  EXPECT_THROW(load_manifest("gpt-oss-121b"), Error);
+}
+
+class WarmupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kiln-warmup-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string run(const std::string& args, int* rc) const {
+    const std::string out = (dir_ / "out").string();
+    const int status = std::system(fmt::format("KILN_CACHE_DIR={}/cache {} {} > {} 2>&1", dir_.string(), KILN_TEST_CLI, args, out).c_str());
+    *rc = WEXITSTATUS(status);
+    std::ifstream in(out);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  fs::path dir_;
+};
+
+TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
+  for (const auto& model : builtin_manifests()) {
+    int rc = -1;
+    std::string out = run("warmup -j 2 --manifest " + model, &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("failed     0"), std::string::npos) << out;
+    out = run("warmup --manifest " + model, &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("compiled   0"), std::string::npos) << model << ": a rerun compiles nothing\n" << out;
+  }
+}
+
+TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {
+  int rc = -1;
+  const std::string out = run("warmup --manifest llama-3.1-8b --target sm_90a,gfx942", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("failed     5"), std::string::npos) << out;
+  EXPECT_NE(out.find("on gfx942: no kernel for"), std::string::npos) << out;
+  EXPECT_EQ(run("warmup --manifest llama-3.1-8b --target sm_42", &rc).find("unknown arch 'sm_42'") != std::string::npos, true);
+  EXPECT_EQ(rc, 2);
+}
+
+TEST_F(WarmupTest, InterruptLeavesTheCacheConsistentAndARerunContinues) {
+  // A hanging compiler makes the warm-up slow enough to interrupt deterministically.
+  const std::string cmd = fmt::format("cd {} && KILN_CACHE_DIR={}/cache KILN_COMPILE_WORKER={} exec {} warmup -j 1 --manifest mixtral-8x7b > out 2>&1",
+                                      dir_.string(), dir_.string(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(::kill(-pid, SIGINT), 0);  // as Ctrl-C does: the whole process group
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  std::ifstream in(dir_ / "out");
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_NE(s.str().find("interrupted; run again to continue"), std::string::npos) << s.str();
+  int rc = -1;
+  const std::string out = run("warmup --manifest mixtral-8x7b", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("failed     0"), std::string::npos) << out;
+  EXPECT_EQ(run("cache verify", &rc).find("0 problem(s)") != std::string::npos, true);
+}
+
+TEST_F(WarmupTest, CaptureFromSeveralProcessesMakesOneManifest) {
+  const std::string file = (dir_ / "captured.json").string();
+  std::vector<pid_t> children;
+  for (int p = 0; p < 4; ++p) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      set_capture_file(file);
+      for (int d : {32, 64, 96, 128}) {
+        Signature sig({kFamilyAttention, kModePrefill});
+        sig.set("dtype", "bf16").set("head_dim", int64_t{d * (1 + p % 2)}).set("group", int64_t{8});
+        for (const char* f : {"causal", "window", "sinks", "softcap", "lse"}) sig.set_flag(f, d == 64);
+        detail::capture_signature(sig);
+        detail::capture_signature(sig);  // once per process
+      }
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t c : children) waitpid(c, nullptr, 0);
+  const Manifest m = load_manifest(file);
+  EXPECT_EQ(m.model, "captured");
+  // Processes 0 and 2 capture head_dim 32, 64 (flags on), 96, 128; processes 1 and 3 capture
+  // 64, 128 (flags on), 192, 256: 8 distinct signatures, each once.
+  EXPECT_EQ(m.signatures.size(), 8u);
+  int rc = -1;
+  EXPECT_NE(run("warmup --manifest " + file, &rc).find("failed     0"), std::string::npos);
+  EXPECT_EQ(rc, 0);
+}
+
+}  // namespace
+}  // namespace kiln
