@@ -206,6 +206,36 @@ std::vector<uint8_t> key_bytes(const KernelKey& k) {
   return b;
 }
 
+// Binds parameters 1..13 of an INSERT in kInsertColumns order, the checksum computed here.
+void bind_row(Statement& s, const CacheRow& row) {
+  const std::vector<uint8_t> kb = key_bytes(row.key);
+  s.bind_blob(1, kb.data(), kb.size()).bind(2, row.kernel).bind(3, row.op).bind(4, row.signature).bind(5, row.target);
+  s.bind(6, row.backend).bind(7, row.compiler).bind(8, row.options).bind(9, row.entry);
+  s.bind_blob(10, row.binary.data(), row.binary.size()).bind(11, static_cast<int64_t>(row.binary.size()));
+  s.bind(12, checksum_of(row.binary)).bind(13, row.compile_ms);
+}
+constexpr const char* kInsertColumns =
+    "(key, kernel, operator, signature, target, backend, compiler, options, entry, binary, size, checksum, compile_ms, "
+    "created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+
+void delete_key(sqlite3* db, const KernelKey& key) {
+  const std::vector<uint8_t> kb = key_bytes(key);
+  Statement del(db, "DELETE FROM kernels WHERE key = ?");
+  del.bind_blob(1, kb.data(), kb.size());
+  del.step();
+}
+
+void delete_ids(sqlite3* db, const std::vector<int64_t>& ids) {
+  Transaction t(db);
+  Statement del(db, "DELETE FROM kernels WHERE id = ?");
+  for (int64_t id : ids) {
+    del.reset();
+    del.bind(1, id);
+    del.step();
+  }
+  t.commit();
+}
+
 // Why a row read from a database must not be used, or nullopt.
 std::optional<std::string> row_problem(const Statement& s, const CacheRow& r) {
   if (s.blob(0).size() != 16) return "key is not 16 bytes";
@@ -368,11 +398,7 @@ std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, cons
         counters_.bad_entries++;
         log(LogLevel::kWarn, fmt::format("kiln cache: entry {} ({}) in {} is unusable: {}; {}", key.hex(), row.kernel, name,
                                          *problem, tier == Tier::kDisk ? "dropped and rebuilt" : "ignored"));
-        if (tier == Tier::kDisk && writable_) {
-          Statement del(db, "DELETE FROM kernels WHERE key = ?");
-          del.bind_blob(1, kb.data(), kb.size());
-          del.step();
-        }
+        if (tier == Tier::kDisk && writable_) delete_key(db, key);
         return std::nullopt;
       }
       if (tier == Tier::kDisk && writable_) {
@@ -404,10 +430,7 @@ void KernelCache::drop(const KernelKey& key, const std::string& why) {
   log(LogLevel::kWarn, fmt::format("kiln cache: entry {} dropped: {}", key.hex(), why));
   if (!db_ || !writable_) return;
   try {
-    const std::vector<uint8_t> kb = key_bytes(key);
-    Statement del(db_, "DELETE FROM kernels WHERE key = ?");
-    del.bind_blob(1, kb.data(), kb.size());
-    del.step();
+    delete_key(db_, key);
   } catch (const Error& e) {
     degrade("write", "cannot write the cache: " + e.message());
   }
@@ -417,16 +440,11 @@ void KernelCache::publish(const CacheRow& row) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!db_ || !writable_) return;
   try {
-    const std::vector<uint8_t> kb = key_bytes(row.key);
     const int64_t now = now_seconds();
     Transaction t(db_);
-    Statement s(db_,
-                "INSERT OR REPLACE INTO kernels (key, kernel, operator, signature, target, backend, compiler, options, entry, "
-                "binary, size, checksum, compile_ms, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)");
-    s.bind_blob(1, kb.data(), kb.size()).bind(2, row.kernel).bind(3, row.op).bind(4, row.signature).bind(5, row.target);
-    s.bind(6, row.backend).bind(7, row.compiler).bind(8, row.options).bind(9, row.entry);
-    s.bind_blob(10, row.binary.data(), row.binary.size()).bind(11, static_cast<int64_t>(row.binary.size()));
-    s.bind(12, checksum_of(row.binary)).bind(13, row.compile_ms).bind(14, now).bind(15, now);
+    Statement s(db_, (std::string("INSERT OR REPLACE INTO kernels ") + kInsertColumns).c_str());
+    bind_row(s, row);
+    s.bind(14, now).bind(15, now).bind(16, int64_t{0});
     s.step();
     t.commit();
     counters_.bytes_written += row.binary.size();
@@ -472,14 +490,7 @@ uint64_t KernelCache::evict_locked(uint64_t max_bytes, const KernelKey* keep) {
     victims.push_back(oldest.integer(0));
     bytes -= oldest.integer(1);
   }
-  Transaction t(db_);
-  Statement del(db_, "DELETE FROM kernels WHERE id = ?");
-  for (int64_t id : victims) {
-    del.reset();
-    del.bind(1, id);
-    del.step();
-  }
-  t.commit();
+  delete_ids(db_, victims);
   counters_.evictions += victims.size();
   return victims.size();
 }
@@ -562,14 +573,7 @@ CacheVerifyReport KernelCache::verify(bool repair) {
   }
   if (repair && !bad.empty()) {
     if (!writable_) throw cache_error(fmt::format("{}/kiln.db is read-only; cannot repair", directory_));
-    Transaction t(db_);
-    Statement del(db_, "DELETE FROM kernels WHERE id = ?");
-    for (int64_t id : bad) {
-      del.reset();
-      del.bind(1, id);
-      del.step();
-    }
-    t.commit();
+    delete_ids(db_, bad);
     report.removed = bad.size();
   }
   return report;
@@ -593,18 +597,13 @@ uint64_t KernelCache::export_to(const std::string& file, const std::string& targ
     Statement rows(db_, fmt::format("SELECT {}, created, last_used, hits FROM kernels WHERE (?1 = '' OR target = ?1) "
                                     "AND (?2 = '' OR kernel = ?2)", kRowColumns).c_str());
     rows.bind(1, target).bind(2, kernel);
-    Statement ins(out, "INSERT INTO kernels (key, kernel, operator, signature, target, backend, compiler, options, entry, binary, "
-                       "size, checksum, compile_ms, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    Statement ins(out, (std::string("INSERT INTO kernels ") + kInsertColumns).c_str());
     while (rows.step()) {
       const CacheRow row = read_row(rows);
       if (row_problem(rows, row)) continue;  // never ship a bad row
-      const std::vector<uint8_t> kb = key_bytes(row.key);
       ins.reset();
-      ins.bind_blob(1, kb.data(), kb.size()).bind(2, row.kernel).bind(3, row.op).bind(4, row.signature).bind(5, row.target);
-      ins.bind(6, row.backend).bind(7, row.compiler).bind(8, row.options).bind(9, row.entry);
-      ins.bind_blob(10, row.binary.data(), row.binary.size()).bind(11, static_cast<int64_t>(row.binary.size()));
-      ins.bind(12, checksum_of(row.binary)).bind(13, row.compile_ms).bind(14, rows.integer(13)).bind(15, rows.integer(14));
-      ins.bind(16, rows.integer(15));
+      bind_row(ins, row);
+      ins.bind(14, rows.integer(13)).bind(15, rows.integer(14)).bind(16, rows.integer(15));
       ins.step();
       ++copied;
     }
@@ -626,8 +625,7 @@ CacheImportReport KernelCache::import_from(const std::string& file) {
   try {
     Statement rows(in, fmt::format("SELECT {}, created FROM kernels", kRowColumns).c_str());
     Transaction t(db_);
-    Statement ins(db_, "INSERT OR IGNORE INTO kernels (key, kernel, operator, signature, target, backend, compiler, options, entry, "
-                       "binary, size, checksum, compile_ms, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)");
+    Statement ins(db_, (std::string("INSERT OR IGNORE INTO kernels ") + kInsertColumns).c_str());
     const int64_t now = now_seconds();
     while (rows.step()) {
       const CacheRow row = read_row(rows);
@@ -635,12 +633,9 @@ CacheImportReport KernelCache::import_from(const std::string& file) {
         report.rejected.push_back(fmt::format("{} ({}): {}", row.kernel, row.target, *problem));
         continue;
       }
-      const std::vector<uint8_t> kb = key_bytes(row.key);
       ins.reset();
-      ins.bind_blob(1, kb.data(), kb.size()).bind(2, row.kernel).bind(3, row.op).bind(4, row.signature).bind(5, row.target);
-      ins.bind(6, row.backend).bind(7, row.compiler).bind(8, row.options).bind(9, row.entry);
-      ins.bind_blob(10, row.binary.data(), row.binary.size()).bind(11, static_cast<int64_t>(row.binary.size()));
-      ins.bind(12, checksum_of(row.binary)).bind(13, row.compile_ms).bind(14, rows.integer(13)).bind(15, now);
+      bind_row(ins, row);
+      ins.bind(14, rows.integer(13)).bind(15, now).bind(16, int64_t{0});
       ins.step();
       if (sqlite3_changes(db_) > 0) {
         ++report.imported;
