@@ -11,6 +11,7 @@
 #include "jit/compiler.hpp"
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
+#include "jit/sources.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/ops.hpp"
@@ -194,6 +195,27 @@ TEST(Driver, OperatorCallWithoutDriverNamesLibcuda) {
     EXPECT_EQ(e.code(), ErrorCode::kDriverError);
     EXPECT_NE(std::string(e.what()).find("libcuda"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(Sources, IncludesResolveAndAngleIncludesAreRefused) {
+  const detail::SourceSet set = detail::resolve_includes("t.cu", "  #  include \"attention/params.h\"\n#include\"common/prelude.cuh\"\n");
+  ASSERT_EQ(set.headers.size(), 2u);
+  EXPECT_EQ(set.headers[0].first, "attention/params.h");
+  EXPECT_EQ(set.headers[1].first, "common/prelude.cuh");
+  try {
+    detail::resolve_includes("t.cu", "#include <cuda_fp16.h>\n");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'#include <cuda_fp16.h>' is not allowed"), std::string::npos);
+  }
+  EXPECT_THROW(detail::resolve_includes("t.cu", "#include \"../etc/passwd\"\n"), Error);
+  EXPECT_THROW(detail::resolve_includes("t.cu", "#include \"missing/file.h\"\n"), Error);
 }
 
 }  // namespace

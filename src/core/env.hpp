@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+
+#include "kiln/log.hpp"
 
 namespace kiln::detail {
 
@@ -11,5 +14,8 @@ namespace kiln::detail {
 std::optional<std::string> env_string(const char* name);
 // Parses an integer setting; a malformed value throws kiln::Error naming the variable.
 std::optional<int64_t> env_int(const char* name);
+
+// KILN_LOG's values; nullopt for anything else.
+std::optional<LogLevel> parse_log_level(std::string_view value);
 
 }  // namespace kiln::detail

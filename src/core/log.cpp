@@ -8,17 +8,22 @@
 #include "core/env.hpp"
 
 namespace kiln {
-namespace {
 
-LogLevel level_from_env() {
-  auto value = detail::env_string("KILN_LOG");
-  if (!value) return LogLevel::kWarn;
-  std::string_view v = *value;
+std::optional<LogLevel> detail::parse_log_level(std::string_view v) {
   if (v == "debug") return LogLevel::kDebug;
   if (v == "info") return LogLevel::kInfo;
   if (v == "warn" || v == "warning") return LogLevel::kWarn;
   if (v == "error") return LogLevel::kError;
   if (v == "off") return LogLevel::kOff;
+  return std::nullopt;
+}
+
+namespace {
+
+LogLevel level_from_env() {
+  auto value = detail::env_string("KILN_LOG");
+  if (!value) return LogLevel::kWarn;
+  if (auto level = detail::parse_log_level(*value)) return *level;
   std::fprintf(stderr, "[kiln warn] KILN_LOG='%s' is not one of debug|info|warn|error|off; using warn\n",
                value->c_str());
   return LogLevel::kWarn;

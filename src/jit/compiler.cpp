@@ -32,7 +32,9 @@ std::mutex& settings_mutex() {
   return m;
 }
 
-JitSettings settings_from_env() {
+}  // namespace
+
+JitSettings detail::jit_settings_from_environment() {
   JitSettings s;
   if (auto mode = detail::env_string("KILN_COMPILE_ISOLATION")) {
     if (*mode == "process") {
@@ -52,8 +54,10 @@ JitSettings settings_from_env() {
   return s;
 }
 
+namespace {
+
 JitSettings& current_settings() {
-  static JitSettings s = settings_from_env();
+  static JitSettings s = detail::jit_settings_from_environment();
   return s;
 }
 

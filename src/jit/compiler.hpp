@@ -15,6 +15,10 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
                                 double timeout_seconds);
 // The compiler identity a key records for this request's compiler.
 const std::string& compiler_identity(CompilerKind kind);
+// KILN_COMPILE_ISOLATION, KILN_COMPILE_WORKER and KILN_COMPILE_TIMEOUT_S, read now (jit_settings()
+// reads them once). Throws kiln::Error(kInvalidArgument) naming the variable.
+JitSettings jit_settings_from_environment();
+
 // The worker kiln would use: JitSettings::worker_path, else beside libkiln.
 std::string default_worker_path();
 

@@ -2,7 +2,7 @@
 
 #include <fstream>
 #include <map>
-#include <regex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -49,8 +49,24 @@ std::string read_kernel_file(const std::string& name) {
                           "kernel-sources/ directory to use one from disk)", name));
 }
 
+namespace {
+
+// For a line `#include "name"` (or <name>): the delimiter ('"' or '<') and the name.
+std::optional<std::pair<char, std::string>> include_of(const std::string& line) {
+  size_t i = line.find_first_not_of(" \t");
+  if (i == std::string::npos || line[i] != '#') return std::nullopt;
+  i = line.find_first_not_of(" \t", i + 1);
+  if (i == std::string::npos || line.compare(i, 7, "include") != 0) return std::nullopt;
+  i = line.find_first_not_of(" \t", i + 7);
+  if (i == std::string::npos || (line[i] != '"' && line[i] != '<')) return std::nullopt;
+  const size_t end = line.find(line[i] == '"' ? '"' : '>', i + 1);
+  if (end == std::string::npos || end == i + 1) return std::nullopt;
+  return std::make_pair(line[i], line.substr(i + 1, end - i - 1));
+}
+
+}  // namespace
+
 SourceSet resolve_includes(const std::string& origin, std::string text) {
-  static const std::regex include_line(R"(^\s*#\s*include\s*([<"])([^>"]+)[>"])");
   SourceSet set;
   std::map<std::string, std::string> headers;
   std::vector<std::pair<std::string, std::string>> pending = {{origin, text}};
@@ -60,14 +76,14 @@ SourceSet resolve_includes(const std::string& origin, std::string text) {
     std::istringstream lines(body);
     std::string line;
     while (std::getline(lines, line)) {
-      std::smatch m;
-      if (!std::regex_search(line, m, include_line)) continue;
-      if (m[1] == "<") {
+      const auto include = include_of(line);
+      if (!include) continue;
+      if (include->first == '<') {
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("kernel source {}: '#include <{}>' is not allowed; kernels include only "
-                                "kernel-sources/ headers, written \"like/this.cuh\"", from, m[2].str()));
+                                "kernel-sources/ headers, written \"like/this.cuh\"", from, include->second));
       }
-      const std::string name = m[2];
+      const std::string& name = include->second;
       if (headers.count(name)) continue;
       headers[name] = read_kernel_file(name);
       pending.emplace_back(name, headers[name]);

@@ -14,11 +14,12 @@
 #include "kiln/log.hpp"
 #include "kiln/plugin.h"
 #include "kiln/registry.hpp"
+#include "registry/plugin_loader.hpp"
 
 namespace kiln {
 namespace detail {
 Registry& registry_instance();
-}
+}  // namespace detail
 
 namespace {
 
@@ -114,6 +115,35 @@ std::set<std::string>& loaded_paths() {
 
 }  // namespace
 
+namespace detail {
+
+void register_plugin(const std::string& origin, const kiln_plugin* plugin, Registry& registry) {
+  if (plugin == nullptr) throw plugin_error(origin, "kiln_plugin_entry returned NULL");
+  if (plugin->abi_version != KILN_PLUGIN_ABI_VERSION) {
+    throw plugin_error(origin, fmt::format("built for plugin ABI version {}, this kiln speaks version {}",
+                                           plugin->abi_version, KILN_PLUGIN_ABI_VERSION));
+  }
+  if (plugin->num_kernels > 0 && plugin->kernels == nullptr) throw plugin_error(origin, "num_kernels > 0 but kernels is NULL");
+  // Convert and check every kernel before registering any, so a bad plugin adds nothing.
+  std::vector<KernelSpec> specs;
+  std::set<std::string> names;
+  for (uint32_t i = 0; i < plugin->num_kernels; ++i) {
+    specs.push_back(spec_from_plugin(origin, plugin->kernels[i], i));
+    if (!names.insert(specs.back().name).second || registry.find(specs.back().name) != nullptr) {
+      throw plugin_error(origin, fmt::format("kernel name '{}' is already taken", specs.back().name));
+    }
+  }
+  for (auto& spec : specs) {
+    try {
+      registry.add(std::move(spec));
+    } catch (const Error& e) {
+      throw plugin_error(origin, e.message());
+    }
+  }
+}
+
+}  // namespace detail
+
 void load_plugin(const std::string& path) {
   std::error_code ec;
   const std::string canonical = std::filesystem::weakly_canonical(path, ec).string();
@@ -123,47 +153,18 @@ void load_plugin(const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) throw plugin_error(path, std::string("dlopen failed: ") + dlerror());
   auto entry = reinterpret_cast<kiln_plugin_entry_fn>(dlsym(handle, "kiln_plugin_entry"));
-  if (entry == nullptr) {
-    dlclose(handle);
-    throw plugin_error(path, "does not export kiln_plugin_entry");
-  }
-  const kiln_plugin* plugin = entry();
-  if (plugin == nullptr) {
-    dlclose(handle);
-    throw plugin_error(path, "kiln_plugin_entry returned NULL");
-  }
-  if (plugin->abi_version != KILN_PLUGIN_ABI_VERSION) {
-    const uint32_t theirs = plugin->abi_version;
-    dlclose(handle);
-    throw plugin_error(path, fmt::format("built for plugin ABI version {}, this kiln speaks version {}",
-                                         theirs, KILN_PLUGIN_ABI_VERSION));
-  }
-  if (plugin->num_kernels > 0 && plugin->kernels == nullptr) {
-    dlclose(handle);
-    throw plugin_error(path, "num_kernels > 0 but kernels is NULL");
-  }
-  // Convert every kernel before registering any, so a bad plugin adds nothing. The library is
-  // never closed once registered: its accepts() callbacks live in it.
-  std::vector<KernelSpec> specs;
   try {
-    for (uint32_t i = 0; i < plugin->num_kernels; ++i) {
-      specs.push_back(spec_from_plugin(path, plugin->kernels[i], i));
-    }
+    if (entry == nullptr) throw plugin_error(path, "does not export kiln_plugin_entry");
+    const kiln_plugin* plugin = entry();
+    detail::register_plugin(path, plugin, detail::registry_instance());
+    log(LogLevel::kInfo, fmt::format("loaded plugin '{}' from {} ({} kernels)", plugin->name ? plugin->name : "?", path,
+                                     plugin->num_kernels));
   } catch (...) {
-    dlclose(handle);
+    dlclose(handle);  // nothing of it was registered
     throw;
   }
-  Registry& registry = detail::registry_instance();
-  for (auto& spec : specs) {
-    try {
-      registry.add(std::move(spec));
-    } catch (const Error& e) {
-      throw plugin_error(path, e.what());
-    }
-  }
+  // Never closed once registered: the kernels' accepts() and launch_shape() live in it.
   loaded_paths().insert(canonical);
-  log(LogLevel::kInfo, fmt::format("loaded plugin '{}' from {} ({} kernels)",
-                                   plugin->name ? plugin->name : "?", path, plugin->num_kernels));
 }
 
 std::vector<std::string> load_plugins_from_env() {
