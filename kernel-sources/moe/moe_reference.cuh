@@ -15,7 +15,9 @@ enum MoeLayoutKind { kGateUpConcatenated = 0, kGateUpInterleaved = 1 };
 enum MoeRoutingKind { kRoutingTopkSoftmax = 0, kRoutingSoftmaxTopk = 1, kRoutingPrecomputed = 2 };
 enum MoeBiasKind { kBiasNone = 0, kBiasF32 = 1, kBiasBf16 = 2 };
 
-constexpr int kMoeMaxTopK = 32;
+// An enumerator, not a constexpr variable: a namespace-scope variable gets an internal symbol whose
+// NVRTC-generated name differs from process to process, which would make binaries irreproducible.
+enum { kMoeMaxTopK = 32 };
 
 template <int kFormat>
 __device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
