@@ -4,7 +4,9 @@
 # libnvrtc at run time) and never links it.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest-dev libbenchmark-dev
-          nlohmann-json3-dev libcli11-dev libfmt-dev)
+          nlohmann-json3-dev libcli11-dev libfmt-dev
+          clang libclang-rt-14-dev  # libFuzzer targets (scripts/sanitizers.sh)
+          util-linux)               # setpriv: the read-only-cache test runs a process as another user
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

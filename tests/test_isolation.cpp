@@ -58,8 +58,10 @@ TEST(Isolation, RealNvrtcCrashBecomesAnError) {
     compile_in_worker(r, default_worker_path(), 120);
     GTEST_SKIP() << "this NVRTC no longer crashes on the wgmma input";
   } catch (const Error& e) {
+    // A plain build dies by SIGSEGV; under AddressSanitizer the worker reports NVRTC's bad
+    // allocation and exits. Either way the caller gets a clean error and lives on.
     EXPECT_EQ(e.code(), ErrorCode::kCompileFailed);
-    EXPECT_NE(std::string(e.what()).find("killed by signal"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the compiler crashed on this kernel"), std::string::npos) << e.what();
   }
 }
 

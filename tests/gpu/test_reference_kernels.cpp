@@ -2,18 +2,21 @@
 // launched through the driver, against the float64 CPU references on fresh random inputs.
 // Outputs are poisoned (all bytes 0xFF = NaN) before each run, so an unwritten element fails.
 #include <gtest/gtest.h>
-
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <fstream>
-
 #include <sqlite3.h>
 #include <xxhash.h>
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
@@ -493,6 +496,41 @@ TEST_F(Gpu, WarmedManifestServesAFreshProcessAndCaptureRecordsItsSignature) {
     EXPECT_TRUE(in_model) << m.signatures[0].canonical();
   }
   std::filesystem::remove_all(base);
+}
+
+}  // namespace
+}  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// Threads launching mixed signatures of all three operators for KILN_STRESS_SECONDS (default 10),
+// each result checked against float64. scripts/device-run.sh runs it for two minutes.
+TEST_F(Gpu, StressThreadsWithMixedSignatures) {
+  const char* env = std::getenv("KILN_STRESS_SECONDS");
+  const double seconds = env ? std::atof(env) : 10.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::atomic<int> launches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      ASSERT_TRUE(use_first_gpu());
+      std::mt19937 local(static_cast<uint32_t>(1234 + t));
+      while (std::chrono::steady_clock::now() < deadline) {
+        switch (local() % 5) {
+          case 0: run_prefill(local, {DType::kBF16, 64, 8, 2, {0, 17, 40}, {3, 17, 64}, true, static_cast<int>(local() % 2 ? -1 : 8), true, 0}); break;
+          case 1: run_prefill(local, {DType::kF16, 128, 4, 4, {9}, {9}, false, -1, false, 0}); break;
+          case 2: run_decode(local, {DType::kBF16, false, 64, 16, 2, 16, 1, {0, 5, 70}, -1, true}); break;
+          case 3: run_decode(local, {DType::kBF16, true, 128, 8, 8, 32, 2, {33, 2}, 4, false}); break;
+          default: run_moe(local, {local() % 2 == 0, 3, 64, 64, 8, 2, static_cast<int>(local() % 3), true, static_cast<int>(local() % 2), true, true, false}); break;
+        }
+        ++launches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::printf("stress: %d checked calls in %.0f s on 8 threads\n", launches.load(), seconds);
+  EXPECT_GT(launches.load(), 8);
 }
 
 }  // namespace
