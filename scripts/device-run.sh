@@ -2,12 +2,7 @@
 # Runs on the GPU machine over a copy of the tree with .carry/ (scripts/device-bundle.sh):
 # the gpu test suite, then the host benchmarks; logs under $OUT, a short table last.
 set -uo pipefail
-root=$(pwd)
-mkdir -p /work && [ -e /work/main ] || ln -s "$root" /work/main
-[ -e "$root/build-device" ] || ln -s "$root/.carry/build-device" "$root/build-device"
-export LD_LIBRARY_PATH="$root/.carry/deps:${LD_LIBRARY_PATH:-}"
-export KILN_CACHE_DIR=/tmp/kiln-cache
-out=${OUT:-/tmp/kiln-out}; mkdir -p "$out"
+source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 /work/main/build-device/bin/kiln devices | tee -a "$out/device.txt"
 KILN_STRESS_SECONDS=120 /work/main/build-device/bin/kiln_gpu_tests --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which|rel|stress:" | head -80

@@ -1,9 +1,10 @@
-// The `kiln` command: devices, list, explain, compile, cache, manifests, warmup.
+// The `kiln` command: devices, list, explain, compile, check, bench, cache, manifests, warmup.
 //
 // Exit codes (scripts may rely on them):
 //   0 success; 1 internal or other error; 2 bad usage or invalid argument; 3 no kernel for the
 //   signature; 4 compile failed; 5 driver, device or compiler library unavailable; 6 the cache
-//   cannot be used or has problems (verify); 130 warm-up interrupted (Ctrl-C).
+//   cannot be used or has problems (verify); 7 kiln check found an error above the bound;
+//   130 warm-up interrupted (Ctrl-C).
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/check_bench.hpp"
 #include "kiln/kiln.hpp"
 
 namespace {
@@ -311,6 +313,24 @@ int main(int argc, char** argv) {
   auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums verified)");
   cache_import->add_option("file", file, "Bundle to read")->required();
 
+  std::string shape_text, kernel_name;
+  uint64_t seed = 1;
+  double target_ms = 300;
+  const std::string shape_help = "Sizes and properties as key=value,... (kiln prints the full shape it used)";
+  auto* check = app.add_subcommand("check", "Run the selected kernel and the reference on random inputs; compare (GPU)");
+  check->add_option("op", op, ops_help)->required();
+  check->add_option("--shape", shape_text, shape_help);
+  check->add_option("--seed", seed, "Seed of the random inputs (default 1)");
+  check->add_option("--kernel", kernel_name, "Check this kernel instead of the selected one");
+  check->add_flag("--json", as_json, "Machine-readable output");
+  auto* bench = app.add_subcommand("bench", "Time the selected kernel with CUDA events on rotated inputs (GPU)");
+  bench->add_option("op", op, ops_help)->required();
+  bench->add_option("--shape", shape_text, shape_help);
+  bench->add_option("--seed", seed, "Seed of the random inputs (default 1)");
+  bench->add_option("--kernel", kernel_name, "Time this kernel instead of the selected one");
+  bench->add_option("--time-ms", target_ms, "Measure for about this long (default 300)");
+  bench->add_flag("--json", as_json, "Machine-readable output");
+
   std::string manifest_name, targets_text = "sm_90a";
   int jobs = 0;
   auto* manifests = app.add_subcommand("manifests", "List the model manifests built into kiln");
@@ -346,6 +366,8 @@ int main(int argc, char** argv) {
       std::cout << fmt::format("imported {} entries, {} already present, {} rejected\n", r.imported, r.already_present, r.rejected.size());
       return r.rejected.empty() ? 0 : 6;
     }
+    if (*check) return kiln::cli::run_check(op, shape_text, seed, kernel_name, as_json);
+    if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
     if (*manifests) return cmd_manifests();
     if (*warmup) return cmd_warmup(manifest_name, targets_text, jobs, as_json);
     if (*devices) return cmd_devices(as_json);

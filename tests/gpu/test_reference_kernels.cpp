@@ -21,11 +21,14 @@
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/warmup.hpp"
-#include "support/cpu_reference.hpp"
-#include "support/device_buffer.hpp"
+#include "reference/cpu_reference.hpp"
+#include "tools/device_buffer.hpp"
 
 namespace kiln::test {
 namespace {
+
+using namespace kiln::reference;
+using namespace kiln::tools;
 
 class Gpu : public ::testing::Test {
  protected:

@@ -1,11 +1,11 @@
-#include "support/cpu_reference.hpp"
+#include "reference/cpu_reference.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-namespace kiln::test {
+namespace kiln::reference {
 namespace {
 
 const double kNegInf = -std::numeric_limits<double>::infinity();
@@ -159,4 +159,4 @@ std::vector<double> moe_reference(const MoeProblem& p) {
   return out;
 }
 
-}  // namespace kiln::test
+}  // namespace kiln::reference

@@ -1,5 +1,6 @@
-// Test helpers for GPU tests: a primary context made current, RAII device buffers through the
-// driver API (the same dlopen()ed driver kiln uses), and host encodings of the number formats.
+// Helpers for the GPU tools and tests (kiln check, kiln bench, tests/gpu): a primary context made
+// current, RAII device buffers and events through the driver API (the same dlopen()ed driver kiln
+// uses), and host encodings of the number formats.
 #pragma once
 
 #include <cuda.h>
@@ -11,7 +12,7 @@
 
 #include "kiln/tensor.hpp"
 
-namespace kiln::test {
+namespace kiln::tools {
 
 // True when a GPU is usable; makes device 0's primary context current for the calling thread.
 bool use_first_gpu();
@@ -50,6 +51,22 @@ class DeviceBuffer {
 
 void synchronize();
 
+// A CUDA event for timing on the default stream.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record();
+  // Milliseconds from `start` to this event; both must have completed.
+  float since(const Event& start) const;
+  void wait() const;
+
+ private:
+  CUevent event_ = nullptr;
+};
+
 uint16_t float_to_bf16(float f);  // round to nearest even
 float bf16_to_float(uint16_t b);
 uint16_t float_to_f16(float f);
@@ -62,4 +79,4 @@ float e8m0_to_float(uint8_t v);
 // reference computes on exactly what the kernel reads.
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values);
 
-}  // namespace kiln::test
+}  // namespace kiln::tools

@@ -1,11 +1,12 @@
-// Float64 CPU references of the three operators, the ground truth for the GPU reference kernels.
+// Float64 CPU references of the three operators: the ground truth for the GPU reference kernels
+// (tests/gpu) and for `kiln check` on small shapes.
 // Tensors are dense row-major vectors of decoded values.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-namespace kiln::test {
+namespace kiln::reference {
 
 struct AttentionResult {
   std::vector<double> out;  // [rows, Hq, D]
@@ -52,4 +53,4 @@ struct MoeProblem {
 };
 std::vector<double> moe_reference(const MoeProblem& p);  // [T, H]
 
-}  // namespace kiln::test
+}  // namespace kiln::reference

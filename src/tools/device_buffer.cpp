@@ -1,11 +1,11 @@
-#include "support/device_buffer.hpp"
+#include "tools/device_buffer.hpp"
 
 #include <cmath>
 
 #include "backends/cuda/driver.hpp"
 #include "kiln/platform.hpp"
 
-namespace kiln::test {
+namespace kiln::tools {
 
 bool use_first_gpu() {
   if (detect_devices().devices.empty()) return false;
@@ -29,6 +29,18 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 }
 void DeviceBuffer::fill_bytes(uint8_t value) { KILN_CU_CALL(cuMemsetD8, ptr_, value, bytes_); }
 void synchronize() { KILN_CU_CALL(cuCtxSynchronize); }
+
+Event::Event() { KILN_CU_CALL(cuEventCreate, &event_, CU_EVENT_DEFAULT); }
+Event::~Event() {
+  if (event_) KILN_CU_FN(cuEventDestroy)(event_);
+}
+void Event::record() { KILN_CU_CALL(cuEventRecord, event_, nullptr); }
+void Event::wait() const { KILN_CU_CALL(cuEventSynchronize, event_); }
+float Event::since(const Event& start) const {
+  float ms = 0;
+  KILN_CU_CALL(cuEventElapsedTime, &ms, start.event_, event_);
+  return ms;
+}
 
 uint16_t float_to_bf16(float f) {
   uint32_t u;
@@ -57,7 +69,8 @@ float f16_to_float(uint16_t bits) {
 float e4m3_to_float(uint8_t v) {
   const int sign = v >> 7, exponent = (v >> 3) & 0xF, mantissa = v & 7;
   if (exponent == 0xF && mantissa == 7) return NAN;
-  const float magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0f, -6) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  const float m = static_cast<float>(mantissa) / 8.0f;
+  const float magnitude = exponent == 0 ? std::ldexp(m, -6) : std::ldexp(1.0f + m, exponent - 7);
   return sign ? -magnitude : magnitude;
 }
 float e2m1_to_float(uint8_t nibble) {
@@ -78,4 +91,4 @@ std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, floa
   return bits;
 }
 
-}  // namespace kiln::test
+}  // namespace kiln::tools

@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""kiln against the kernels a user would otherwise pick, side by side in one GPU run.
+
+kiln is called through its C ABI (ctypes) on tensors PyTorch allocated, so both sides read the
+same inputs; outputs are compared. Timing: CUDA events per call, warm-up first, median of many
+calls, inputs rotated across sets larger than twice the L2 cache. Work counts only unmasked
+attention pairs. Prints one table of ratios last and writes JSON and one PNG per operator.
+
+  python3 bench/side_by_side.py --lib build/lib/libkiln.so --out DIR [--quick]
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+# ---- kiln's C ABI (include/kiln/kiln.h) ----------------------------------------------------------
+DTYPES = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3, torch.float8_e4m3fn: 4, torch.int32: 8, torch.int64: 9}
+FP4X2, E8M0 = 6, 7
+
+
+class KilnTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 6), ("strides", ctypes.c_int64 * 6), ("device", ctypes.c_int32)]
+
+
+def kt(t, dtype_code=None):
+    if t is None:
+        return None
+    k = KilnTensor()
+    k.data = t.data_ptr()
+    k.dtype = dtype_code if dtype_code is not None else DTYPES[t.dtype]
+    k.ndim = t.dim()
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        k.shape[i], k.strides[i] = s, st
+    k.device = t.device.index if t.is_cuda else -1
+    return k
+
+
+P = ctypes.POINTER(KilnTensor)
+
+
+def ref(k):
+    return ctypes.pointer(k) if k is not None else None
+
+
+class PrefillArgs(ctypes.Structure):
+    _fields_ = [("q", P), ("k", P), ("v", P), ("out", P), ("cu_seqlens_q", P), ("cu_seqlens_k", P),
+                ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32), ("lse", P), ("sinks", P),
+                ("softmax_scale", ctypes.c_float), ("softcap", ctypes.c_float), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32)]
+
+
+class DecodeArgs(ctypes.Structure):
+    _fields_ = [("q", P), ("k_cache", P), ("v_cache", P), ("page_table", P), ("cache_seqlens", P), ("out", P),
+                ("q_len", ctypes.c_int32), ("lse", P), ("sinks", P), ("softmax_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32), ("k_scale", ctypes.c_float),
+                ("v_scale", ctypes.c_float)]
+
+
+class MoeArgs(ctypes.Structure):
+    _fields_ = [("x", P), ("out", P), ("router_logits", P), ("topk_ids", P), ("topk_weights", P),
+                ("top_k", ctypes.c_int32), ("routing", ctypes.c_int32), ("renormalize", ctypes.c_int32),
+                ("w13", P), ("w13_scale", P), ("w13_bias", P), ("w2", P), ("w2_scale", P), ("w2_bias", P),
+                ("activation", ctypes.c_int32), ("gate_up_layout", ctypes.c_int32)]
+
+
+class Kiln:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.kiln_last_error.restype = ctypes.c_char_p
+        for fn, args in (("kiln_mha_prefill", PrefillArgs), ("kiln_mha_decode_with_kvcache", DecodeArgs), ("kiln_moe_apply", MoeArgs)):
+            getattr(self.lib, fn).argtypes = [ctypes.POINTER(args), ctypes.c_void_p]
+        self.keep = []  # ctypes objects referenced by pointers must outlive the call
+
+    def call(self, fn, args):
+        status = getattr(self.lib, fn)(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if status != 0:
+            raise RuntimeError(f"{fn}: status {status}: {self.lib.kiln_last_error().decode()}")
+
+
+# ---- timing ------------------------------------------------------------------------------------
+def timed(fn, sets, budget_ms=400.0, min_runs=5, max_runs=500):
+    """Median, p10 and p90 milliseconds of fn(i) over rotated input sets, CUDA events per call."""
+    for i in range(3):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn(0)
+    e.record()
+    e.synchronize()
+    runs = int(max(min_runs, min(max_runs, budget_ms / max(s.elapsed_time(e), 1e-3))))
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(runs + 1)]
+    marks[0].record()
+    for r in range(runs):
+        fn(r % sets)
+        marks[r + 1].record()
+    marks[-1].synchronize()
+    times = sorted(marks[r].elapsed_time(marks[r + 1]) for r in range(runs))
+    return {"median_ms": statistics.median(times), "p10_ms": times[len(times) // 10], "p90_ms": times[(len(times) * 9) // 10], "runs": runs}
+
+
+def sets_for(bytes_per_set, l2):
+    return max(1, min(16, math.ceil(2 * l2 / max(bytes_per_set, 1))))
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# ---- attention ---------------------------------------------------------------------------------
+def sdpa(q, k, v, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([backend]):
+        try:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        except RuntimeError:
+            g = q.shape[1] // k.shape[1]  # a backend without GQA: expand the KV heads
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=causal)
+
+
+def prefill_case(kiln, name, B, S, Hq, Hkv, D, causal, window, sinks, l2, quick):
+    pairs = sum(min(S, i + 1) - max(0, i - window) if window >= 0 else (i + 1 if causal else S) for i in range(S))
+    flops = 4.0 * D * Hq * B * pairs
+    per_set = 2 * (2 * B * S * Hq * D + 2 * B * S * Hkv * D)
+    n = sets_for(per_set, l2)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    sets = []
+    for _ in range(n):
+        q = torch.randn(B * S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        sets.append((q, k, v, torch.full_like(q, float("nan"))))
+    cu = torch.arange(0, (B + 1) * S, S, device="cuda", dtype=torch.int32)
+    sink_t = torch.randn(Hq, device="cuda", dtype=torch.float32, generator=g) if sinks else None
+    args = []
+    for q, k, v, out in sets:
+        ts = [kt(q), kt(k), kt(v), kt(out), kt(cu), kt(cu), kt(sink_t)]
+        a = PrefillArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), S, S, None, ref(ts[6]),
+                        0.0, 0.0, 1 if causal else 0, window)
+        kiln.keep.append(ts)
+        args.append(a)
+    row = {"op": "mha_prefill", "shape": name, "flops": flops}
+    row["kiln"] = timed(lambda i: kiln.call("kiln_mha_prefill", args[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
+    q, k, v, out = sets[0]
+    kiln.call("kiln_mha_prefill", args[0])
+    as_bhsd = lambda t: t.view(B, S, t.shape[1], D).transpose(1, 2)
+    from torch.nn.attention import SDPBackend
+    if window < 0:
+        for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                peer = [(as_bhsd(a), as_bhsd(b), as_bhsd(c)) for a, b, c, _ in sets]
+                row[label] = timed(lambda i: sdpa(*peer[i], causal, backend), n)
+                ref_out = sdpa(*peer[0], causal, backend).transpose(1, 2).reshape_as(out)
+                row[label]["rel_err_vs_kiln"] = None if sinks else rel_err(out, ref_out)
+            except Exception as e:  # a backend this build or shape does not have
+                row[label] = {"error": str(e).splitlines()[0][:160]}
+    else:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            flex = torch.compile(flex_attention)
+            mask = lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= window)
+            bm = create_block_mask(mask, B, None, S, S, device="cuda")
+            peer = [(as_bhsd(a), as_bhsd(b), as_bhsd(c)) for a, b, c, _ in sets]
+            row["flex_window"] = timed(lambda i: flex(*peer[i], block_mask=bm, enable_gqa=True), n)
+            ref_out = flex(*peer[0], block_mask=bm, enable_gqa=True).transpose(1, 2).reshape_as(out)
+            row["flex_window"]["rel_err_vs_kiln"] = None if sinks else rel_err(out, ref_out)
+            row["flex_window"]["note"] = "FlexAttention has no attention sinks: timed without them"
+        except Exception as e:
+            row["flex_window"] = {"error": str(e).splitlines()[0][:160]}
+    return row
+
+
+def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick):
+    pages_per_seq = ctx // page
+    kv_bytes = 2 * B * ctx * Hkv * D * 2
+    bytes_ = kv_bytes + 2 * 2 * B * Hq * D
+    n = sets_for(kv_bytes, l2)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sets = []
+    for _ in range(n):
+        kc = torch.randn(B * pages_per_seq, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        vc = torch.randn(B * pages_per_seq, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        pt = torch.randperm(B * pages_per_seq, device="cuda", generator=g).to(torch.int32).view(B, pages_per_seq)
+        q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        sets.append((q, kc, vc, pt, torch.full_like(q, float("nan"))))
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    args = []
+    for q, kc, vc, pt, out in sets:
+        ts = [kt(q), kt(kc), kt(vc), kt(pt), kt(lens), kt(out)]
+        args.append(DecodeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), 1, None, None, 0.0, 0.0, -1, 1.0, 1.0))
+        kiln.keep.append(ts)
+    row = {"op": "mha_decode_with_kvcache", "shape": name, "bytes": bytes_}
+    row["kiln"] = timed(lambda i: kiln.call("kiln_mha_decode_with_kvcache", args[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
+    q, kc, vc, pt, out = sets[0]
+    kiln.call("kiln_mha_decode_with_kvcache", args[0])
+    # Peers read a contiguous cache (B, Hkv, ctx, D): the same math without paging.
+    def contiguous(kc_, pt_):
+        return kc_[pt_.long()].reshape(B, ctx, Hkv, D).transpose(1, 2).contiguous()
+    peer = [(q_.view(B, Hq, 1, D), contiguous(kc_, pt_), contiguous(vc_, pt_)) for q_, kc_, vc_, pt_, _ in sets]
+    from torch.nn.attention import SDPBackend
+    for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            row[label] = timed(lambda i: sdpa(*peer[i], False, backend), n)
+            row[label]["rel_err_vs_kiln"] = rel_err(out, sdpa(*peer[0], False, backend).view_as(out))
+        except Exception as e:
+            row[label] = {"error": str(e).splitlines()[0][:160]}
+    return row
+
+
+# ---- MoE ---------------------------------------------------------------------------------------
+def moe_case(kiln, T, E=128, topk=4, H=2880, I=2880, quick=False):
+    g = torch.Generator(device="cuda").manual_seed(13)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    w13 = (torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(H))
+    w2 = (torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(I))
+    logits = torch.randn(T, E, device="cuda", dtype=torch.float32, generator=g)
+    out = torch.full_like(x, float("nan"))
+    ts = [kt(x), kt(out), kt(logits), kt(w13), kt(w2)]
+    kiln.keep.append(ts)
+    a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(ts[3]), None, None, ref(ts[4]), None, None, 1, 1)
+    row = {"op": "moe_apply", "shape": f"gpt-oss-120b bf16 T={T}"}
+    row["kiln"] = timed(lambda i: kiln.call("kiln_moe_apply", a), 1, budget_ms=300 if quick else 1500, min_runs=3)
+    # The peer: the same routed tokens through two torch._grouped_mm calls (weights K-major).
+    top = torch.topk(logits, topk, dim=1)
+    ids = top.indices.flatten()
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=E)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    xs = x.repeat_interleave(topk, 0)[order]
+    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+    try:
+        def two_gemms(_):
+            h = torch._grouped_mm(xs, w13t, offs=offs)
+            return torch._grouped_mm(h[:, :I].contiguous(), w2t, offs=offs)
+        row["grouped_mm_x2"] = timed(two_gemms, 1)
+        row["grouped_mm_x2"]["note"] = "the two GEMMs only: no routing, activation or combine"
+    except Exception as e:
+        row["grouped_mm_x2"] = {"error": str(e).splitlines()[0][:160]}
+    active = counts.gt(0).sum().item()
+    row["bytes"] = active * 3 * H * I * 2 + 4 * T * H
+    row["flops"] = 6.0 * T * topk * H * I
+    return row
+
+
+# ---- ceilings ----------------------------------------------------------------------------------
+def ceilings():
+    c = {}
+    a = torch.empty(1 << 30, device="cuda", dtype=torch.uint8).random_()
+    b = torch.empty_like(a)
+    t = timed(lambda i: b.copy_(a), 1)
+    c["copy_tbps"] = 2 * a.numel() / (t["median_ms"] * 1e-3) / 1e12
+    n = 8192
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = timed(lambda i: x @ y, 1)
+    c["bf16_gemm_tflops"] = 2 * n ** 3 / (t["median_ms"] * 1e-3) / 1e12
+    try:
+        x8, y8 = x.to(torch.float8_e4m3fn), y.t().contiguous().to(torch.float8_e4m3fn).t()
+        one = torch.tensor(1.0, device="cuda")
+        t = timed(lambda i: torch._scaled_mm(x8, y8, one, one, out_dtype=torch.bfloat16), 1)
+        c["fp8_gemm_tflops"] = 2 * n ** 3 / (t["median_ms"] * 1e-3) / 1e12
+    except Exception as e:
+        c["fp8_gemm_error"] = str(e).splitlines()[0][:160]
+    return c
+
+
+def plot(rows, op, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mine = [r for r in rows if r["op"] == op]
+    if not mine:
+        return
+    peers = sorted({k for r in mine for k, v in r.items() if isinstance(v, dict) and "median_ms" in v})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(mine)), 4))
+    width = 0.8 / len(peers)
+    for j, p in enumerate(peers):
+        ax.bar([i + j * width for i in range(len(mine))], [r[p]["median_ms"] if "median_ms" in r.get(p, {}) else 0 for r in mine], width, label=p)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(mine))])
+    ax.set_xticklabels([r["shape"] for r in mine], rotation=20, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms (log)")
+    ax.set_title(f"{op}: kiln and the kernels users would otherwise pick")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
+    args = ap.parse_args()
+    torch.cuda.init()
+    kiln = Kiln(args.lib)
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    rows = []
+    cases = [
+        ("(a) gpt-oss S=4096", 1, 4096, 64, 8, 64, True, -1, False),
+        ("(a) gpt-oss S=16384", 1, 16384, 64, 8, 64, True, -1, False),
+        ("(b) B=4 S=4096 causal", 4, 4096, 32, 8, 128, True, -1, False),
+        ("(b) B=4 S=4096", 4, 4096, 32, 8, 128, False, -1, False),
+        ("(b) B=1 S=16384 causal", 1, 16384, 32, 8, 128, True, -1, False),
+        ("(c) window 128 S=4096", 1, 4096, 64, 8, 64, True, 128, True),
+        ("(c) window 128 S=16384", 1, 16384, 64, 8, 64, True, 128, True),
+    ]
+    for c in cases:
+        rows.append(prefill_case(kiln, *c, l2=l2, quick=args.quick))
+        print(json.dumps(rows[-1]), flush=True)
+    for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),
+                                     ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)):
+        for page in (16, 64):
+            rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
+            print(json.dumps(rows[-1]), flush=True)
+    for T in (1, 8, 64, 512, 4096, 8192):
+        rows.append(moe_case(kiln, T, quick=args.quick))
+        print(json.dumps(rows[-1]), flush=True)
+    ceil = ceilings()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
+        json.dump({"device": props.name, "torch": torch.__version__, "ceilings": ceil, "rows": rows}, f, indent=1)
+    for op in ("mha_prefill", "mha_decode_with_kvcache", "moe_apply"):
+        plot(rows, op, os.path.join(args.out, f"{op}.png"))
+    # The table: per shape, kiln's time and each peer's time as a speed ratio (peer ms / kiln ms).
+    print(f"\ndevice {props.name}, torch {torch.__version__}; ceilings: copy {ceil['copy_tbps']:.2f} TB/s, "
+          f"bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, fp8 GEMM {ceil.get('fp8_gemm_tflops', float('nan')):.0f} TFLOP/s")
+    print(f"{'operator':<10} {'shape':<26} {'kiln ms':>10} {'rate':>14}  peers: ms (kiln speed = peer ms / kiln ms)")
+    for r in rows:
+        k = r["kiln"]["median_ms"]
+        rate = f"{r['flops'] / k / 1e9:.1f} TFLOP/s" if r["op"] == "mha_prefill" else f"{r['bytes'] / k / 1e9:.3f} TB/s"
+        peers = "  ".join(f"{p} {v['median_ms']:.3f} ({v['median_ms'] / k:.3g}x)" for p, v in r.items()
+                          if isinstance(v, dict) and p != "kiln" and "median_ms" in v)
+        errs = "  ".join(f"{p} n/a: {v['error'][:50]}" for p, v in r.items() if isinstance(v, dict) and "error" in v)
+        print(f"{r['op'][:10]:<10} {r['shape']:<26} {k:>10.3f} {rate:>14}  {peers} {errs}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

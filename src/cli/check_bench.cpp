@@ -1,0 +1,169 @@
+// `kiln check` (numerics of the selected kernel against the reference kernel and float64) and
+// `kiln bench` (CUDA-event timing with rotated inputs, FLOP/s and bytes/s of the work needed).
+#include "cli/check_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/driver.hpp"
+#include "kiln/kiln.hpp"
+#include "tools/device_buffer.hpp"
+#include "tools/problems.hpp"
+
+namespace kiln::cli {
+namespace {
+
+using nlohmann::json;
+
+const Platform& gpu_platform() {
+  const DeviceReport report = detect_devices();
+  if (report.devices.empty() || !tools::use_first_gpu()) {
+    std::string why;
+    for (const auto& n : report.notes) why += "\n  " + n;
+    throw Error(ErrorCode::kDriverError, "this command runs kernels and needs a GPU; none is usable:" + why);
+  }
+  static const Platform p = report.devices.front();
+  return p;
+}
+
+// The REFERENCE kernel that runs this signature: the oracle every other kernel is checked against.
+std::string reference_kernel(const Signature& sig, const Platform& p) {
+  for (const auto& c : Registry::global().explain(sig, p).candidates) {
+    if (c.eligible && c.priority == Priority::kReference) return c.kernel;
+  }
+  throw Error(ErrorCode::kNoKernel, fmt::format("no REFERENCE kernel runs {} on {}", sig.canonical(), p.arch));
+}
+
+// Runs the problem with `kernel` forced and returns the output, poisoned beforehand.
+std::vector<double> run_with(tools::Problem& problem, const OperatorId& op, const std::string& kernel) {
+  Registry::global().set_override(op, kernel);
+  problem.poison(0);
+  problem.run(0);
+  tools::synchronize();
+  return problem.output(0);
+}
+
+int driver_version() {
+  int v = 0;
+  KILN_CU_CALL(cuDriverGetVersion, &v);
+  return v;
+}
+
+}  // namespace
+
+int run_check(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, bool as_json) {
+  const Platform& platform = gpu_platform();
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
+  auto problem = tools::make_problem(op_name, shape, seed);
+  const Signature sig = problem->signature();
+  const OperatorId op = sig.op();
+  const std::string selected = kernel.empty() ? Registry::global().select(sig, platform)->name : kernel;
+  const std::string reference = reference_kernel(sig, platform);
+  const std::vector<double> out = run_with(*problem, op, selected);
+  const std::vector<double> ref = run_with(*problem, op, reference);
+  Registry::global().set_override(op, "");
+  const double vs_reference = tools::relative_error(out, ref);
+  // float64 on the CPU where it takes seconds, not hours.
+  const bool small = problem->cpu_cost() < 3e9;
+  double vs_float64 = NAN, reference_vs_float64 = NAN;
+  if (small) {
+    const std::vector<double> exact = problem->cpu_reference();
+    vs_float64 = tools::relative_error(out, exact);
+    reference_vs_float64 = tools::relative_error(ref, exact);
+  }
+  const double bound = problem->tolerance();
+  const bool pass = vs_reference < bound && (!small || (vs_float64 < bound && reference_vs_float64 < bound));
+  if (as_json) {
+    std::cout << json{{"op", op_name}, {"shape", shape.describe()}, {"seed", seed}, {"signature", sig.canonical()},
+                      {"kernel", selected}, {"reference", reference}, {"device", platform.device_name}, {"target", platform.arch},
+                      {"error_vs_reference", vs_reference}, {"error_vs_float64", small ? json(vs_float64) : json(nullptr)},
+                      {"reference_error_vs_float64", small ? json(reference_vs_float64) : json(nullptr)}, {"bound", bound},
+                      {"pass", pass}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("{} on {} ({}), seed {}\nshape     {}\nsignature {}\n", op_name, platform.device_name, platform.arch, seed,
+                             shape.describe(), sig.canonical());
+    std::cout << fmt::format("kernel    {}\nreference {}\n", selected, reference);
+    std::cout << fmt::format("relative error vs reference kernel  {:.3e}\n", vs_reference);
+    if (small) {
+      std::cout << fmt::format("relative error vs float64 (CPU)     {:.3e}\nreference kernel vs float64         {:.3e}\n", vs_float64,
+                               reference_vs_float64);
+    } else {
+      std::cout << "float64 (CPU) comparison skipped: shape too large for the CPU\n";
+    }
+    std::cout << fmt::format("bound {:.0e} ({}): {}\n", bound, op_name == "moe_apply" ? "bf16" : "output dtype", pass ? "PASS" : "FAIL");
+  }
+  return pass ? 0 : 7;
+}
+
+int run_bench(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, double target_ms,
+              bool as_json) {
+  const Platform& platform = gpu_platform();
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
+  auto problem = tools::make_problem(op_name, shape, seed);
+  const Signature sig = problem->signature();
+  if (!kernel.empty()) Registry::global().set_override(sig.op(), kernel);
+  const std::string selected = Registry::global().select(sig, platform)->name;
+  const CompiledKernel compiled = compile_for_target(sig, platform.arch);
+
+  // Rotate among input sets that together exceed twice the L2, so no run reads a warm cache.
+  size_t free_bytes = 0, total_bytes = 0;
+  KILN_CU_CALL(cuMemGetInfo, &free_bytes, &total_bytes);
+  const size_t per_set = std::max<size_t>(problem->bytes_per_set(), 1);
+  int sets = static_cast<int>(std::min<size_t>(32, (2 * platform.l2_bytes + per_set - 1) / per_set));
+  sets = std::max(1, std::min(sets, static_cast<int>(free_bytes / 2 / per_set)));
+  problem->ensure_sets(sets);
+
+  // Warm-up (also compiles and loads), then size the run count from one timed call.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  int i = 0;
+  do {
+    problem->run(i++ % sets);
+    tools::synchronize();
+  } while (std::chrono::steady_clock::now() < warm_until || i < 3);
+  tools::Event start, stop;
+  start.record();
+  problem->run(i++ % sets);
+  stop.record();
+  stop.wait();
+  const double one = std::max(1e-3f, stop.since(start));
+  const int runs = static_cast<int>(std::clamp(target_ms / one, 10.0, 2000.0));
+  std::vector<tools::Event> marks(static_cast<size_t>(runs + 1));
+  marks[0].record();
+  for (int r = 0; r < runs; ++r) {
+    problem->run(i++ % sets);
+    marks[static_cast<size_t>(r + 1)].record();
+  }
+  marks.back().wait();
+  std::vector<double> times;
+  for (int r = 0; r < runs; ++r) times.push_back(marks[static_cast<size_t>(r + 1)].since(marks[static_cast<size_t>(r)]));
+  if (!kernel.empty()) Registry::global().set_override(sig.op(), "");
+  std::sort(times.begin(), times.end());
+  auto pct = [&](double p) { return times[static_cast<size_t>(p * static_cast<double>(times.size() - 1))]; };
+  const double median = pct(0.5);
+  const tools::Work w = problem->work();
+  const double tflops = w.flops / (median * 1e-3) / 1e12, tbps = w.bytes / (median * 1e-3) / 1e12;
+  if (as_json) {
+    std::cout << json{{"op", op_name}, {"shape", shape.describe()}, {"signature", sig.canonical()}, {"kernel", selected},
+                      {"key", compiled.key}, {"device", platform.device_name}, {"target", platform.arch}, {"driver", driver_version()},
+                      {"runs", runs}, {"buffer_sets", sets}, {"median_ms", median}, {"p10_ms", pct(0.1)}, {"p90_ms", pct(0.9)},
+                      {"flops", w.flops}, {"bytes", w.bytes}, {"tflops", tflops}, {"tbytes_per_s", tbps}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("{} on {} ({}, driver {})\nshape   {}\nkernel  {} (key {})\n", op_name, platform.device_name, platform.arch,
+                             driver_version(), shape.describe(), selected, compiled.key);
+    std::cout << fmt::format("time    median {:.4f} ms  p10 {:.4f}  p90 {:.4f}  ({} runs, {} input sets rotated)\n", median, pct(0.1),
+                             pct(0.9), runs, sets);
+    std::cout << fmt::format("work    {:.3f} TFLOP/s ({:.3e} FLOP), {:.3f} TB/s ({:.3e} bytes)\n", tflops, w.flops, tbps, w.bytes);
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,517 @@
+#include "tools/problems.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "kiln/error.hpp"
+#include "kiln/ops.hpp"
+#include "reference/cpu_reference.hpp"
+#include "tools/device_buffer.hpp"
+
+namespace kiln::tools {
+
+ShapeArgs ShapeArgs::parse(const std::string& text) {
+  ShapeArgs s;
+  std::stringstream ss(text);
+  for (std::string pair; std::getline(ss, pair, ',');) {
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: '{}' is not key=value", pair));
+    }
+    s.given_[pair.substr(0, eq)] = pair.substr(eq + 1);
+  }
+  return s;
+}
+
+std::string ShapeArgs::text(const std::string& key, const std::string& fallback) {
+  auto it = given_.find(key);
+  used_[key] = it == given_.end() ? fallback : it->second;
+  return used_[key];
+}
+
+int64_t ShapeArgs::integer(const std::string& key, int64_t fallback) {
+  const std::string v = text(key, std::to_string(fallback));
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size()) throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: {}={} is not an integer", key, v));
+  return value;
+}
+
+bool ShapeArgs::flag(const std::string& key, bool fallback) { return integer(key, fallback ? 1 : 0) != 0; }
+
+void ShapeArgs::check_all_used(const std::string& op) const {
+  std::vector<std::string> unknown, known;
+  for (const auto& [k, v] : given_) {
+    if (!used_.count(k)) unknown.push_back(k);
+  }
+  for (const auto& [k, v] : used_) known.push_back(k);
+  if (!unknown.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: unknown key(s) {} for {} (known: {})", fmt::join(unknown, ", "), op,
+                                                         fmt::join(known, ", ")));
+  }
+}
+
+std::string ShapeArgs::describe() const {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : used_) parts.push_back(k + "=" + v);
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+namespace {
+
+DType half_type(const std::string& name, const char* key) {
+  const DType t = parse_dtype(name, key);
+  if (t != DType::kBF16 && t != DType::kF16) throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: {} must be bf16 or f16", key));
+  return t;
+}
+
+std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = t == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  return out;
+}
+
+TensorView view(const DeviceBuffer& b, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(b.get(), t, shape, 0);
+}
+
+// Sums the visible keys of every query row: the work attention must do, masked pairs excluded.
+int64_t visible(int64_t position, int64_t keys, bool causal, int64_t window) {
+  int64_t lo = 0, hi = keys;
+  if (causal || window >= 0) hi = std::min(keys, position + 1);
+  if (window >= 0) lo = std::max<int64_t>(0, position - window);
+  return std::max<int64_t>(0, hi - lo);
+}
+
+// ---- mha_prefill -----------------------------------------------------------------------------
+class PrefillProblem : public Problem {
+ public:
+  PrefillProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
+    batch_ = s.integer("batch", 1);
+    seqlen_q_ = s.integer("seqlen_q", s.integer("seqlen", 1024));
+    seqlen_k_ = s.integer("seqlen_k", seqlen_q_);
+    hq_ = s.integer("heads_q", 32);
+    hkv_ = s.integer("heads_kv", 8);
+    d_ = s.integer("head_dim", 128);
+    dtype_ = half_type(s.text("dtype", "bf16"), "dtype");
+    causal_ = s.flag("causal", true);
+    window_ = s.integer("window", -1);
+    sinks_ = s.flag("sinks", false);
+    softcap_ = static_cast<double>(s.integer("softcap", 0));
+    if (batch_ < 1 || seqlen_q_ < 1 || seqlen_k_ < 1 || hq_ < 1 || hkv_ < 1 || d_ < 8) {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: batch, seqlen, heads and head_dim must be positive");
+    }
+    ensure_sets(1);
+  }
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void run(int i) override { mha_prefill(sets_[static_cast<size_t>(i)].args, nullptr); }
+  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
+  std::vector<double> output(int i) const override {
+    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
+  }
+  std::vector<double> cpu_reference() const override { return reference::prefill_reference(host_).out; }
+  double cpu_cost() const override { return work().flops / 2; }
+  Work work() const override {
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < seqlen_q_; ++i) pairs += visible(i + seqlen_k_ - seqlen_q_, seqlen_k_, causal_, window_);
+    const double elem = 2;
+    return {4.0 * static_cast<double>(d_ * hq_ * batch_ * pairs),
+            elem * static_cast<double>(2 * q_elems() + 2 * batch_ * seqlen_k_ * hkv_ * d_)};
+  }
+  Signature signature() const override { return signature_of(sets_[0].args); }
+  size_t bytes_per_set() const override { return static_cast<size_t>(work().bytes); }
+  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
+
+ private:
+  size_t q_elems() const { return static_cast<size_t>(batch_ * seqlen_q_ * hq_ * d_); }
+  struct Set {
+    DeviceBuffer q, k, v, out, cu_q, cu_k, sinks;
+    MhaPrefillArgs args;
+  };
+  void add_set() {
+    std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 7919));
+    const size_t kv_elems = static_cast<size_t>(batch_ * seqlen_k_ * hkv_ * d_);
+    reference::PrefillProblem h;
+    const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
+    const auto k = random_half(rng, kv_elems, dtype_, 1.0f, h.k);
+    const auto v = random_half(rng, kv_elems, dtype_, 1.0f, h.v);
+    h.cu_q.push_back(0);
+    h.cu_k.push_back(0);
+    for (int64_t b = 0; b < batch_; ++b) {
+      h.cu_q.push_back(h.cu_q.back() + static_cast<int>(seqlen_q_));
+      h.cu_k.push_back(h.cu_k.back() + static_cast<int>(seqlen_k_));
+    }
+    std::vector<float> sinks(static_cast<size_t>(hq_));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (auto& x : sinks) x = u(rng);
+    h.hq = static_cast<int>(hq_);
+    h.hkv = static_cast<int>(hkv_);
+    h.d = static_cast<int>(d_);
+    h.causal = causal_;
+    h.window_left = static_cast<int>(window_);
+    if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
+    h.softcap = softcap_;
+    h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    Set s{DeviceBuffer::from(q), DeviceBuffer::from(k), DeviceBuffer::from(v), DeviceBuffer(q.size() * 2),
+          DeviceBuffer::from(h.cu_q), DeviceBuffer::from(h.cu_k), DeviceBuffer::from(sinks), {}};
+    auto& a = s.args;
+    const int64_t total_q = batch_ * seqlen_q_, total_k = batch_ * seqlen_k_;
+    a.q = view(s.q, dtype_, {total_q, hq_, d_});
+    a.k = view(s.k, dtype_, {total_k, hkv_, d_});
+    a.v = view(s.v, dtype_, {total_k, hkv_, d_});
+    a.out = view(s.out, dtype_, {total_q, hq_, d_});
+    a.cu_seqlens_q = view(s.cu_q, DType::kI32, {batch_ + 1});
+    a.cu_seqlens_k = view(s.cu_k, DType::kI32, {batch_ + 1});
+    a.max_seqlen_q = static_cast<int32_t>(seqlen_q_);
+    a.max_seqlen_k = static_cast<int32_t>(seqlen_k_);
+    if (sinks_) a.sinks = view(s.sinks, DType::kF32, {hq_});
+    a.causal = causal_;
+    a.window_left = static_cast<int32_t>(window_);
+    a.softcap = static_cast<float>(softcap_);
+    if (sets_.empty()) host_ = std::move(h);
+    sets_.push_back(std::move(s));
+  }
+  uint64_t seed_;
+  int64_t batch_, seqlen_q_, seqlen_k_, hq_, hkv_, d_, window_;
+  DType dtype_;
+  bool causal_, sinks_;
+  double softcap_;
+  reference::PrefillProblem host_;
+  std::vector<Set> sets_;
+};
+
+// ---- mha_decode_with_kvcache -----------------------------------------------------------------
+class DecodeProblem : public Problem {
+ public:
+  DecodeProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
+    batch_ = s.integer("batch", 8);
+    context_ = s.integer("context", 4096);
+    q_len_ = s.integer("q_len", 1);
+    hq_ = s.integer("heads_q", 32);
+    hkv_ = s.integer("heads_kv", 8);
+    d_ = s.integer("head_dim", 128);
+    page_ = s.integer("page_size", 16);
+    dtype_ = half_type(s.text("dtype", "bf16"), "dtype");
+    fp8_ = s.text("kv_dtype", dtype_name(dtype_)) == "e4m3";
+    window_ = s.integer("window", -1);
+    sinks_ = s.flag("sinks", false);
+    if (batch_ < 1 || context_ < q_len_ || q_len_ < 1 || page_ < 1) {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: need batch >= 1, page_size >= 1, 1 <= q_len <= context");
+    }
+    max_pages_ = (context_ + page_ - 1) / page_;
+    ensure_sets(1);
+  }
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void run(int i) override { mha_decode_with_kvcache(sets_[static_cast<size_t>(i)].args, nullptr); }
+  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
+  std::vector<double> output(int i) const override {
+    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
+  }
+  std::vector<double> cpu_reference() const override { return reference::decode_reference(host_).out; }
+  double cpu_cost() const override { return work().flops / 2; }
+  Work work() const override {
+    int64_t keys = 0;
+    for (int64_t t = 0; t < q_len_; ++t) keys += visible(context_ - q_len_ + t, context_, true, window_);
+    // K and V are read once per KV head for the whole GQA group and all q_len rows: the distinct
+    // positions any row of a sequence sees.
+    const int64_t read = std::min<int64_t>(context_, window_ >= 0 ? window_ + q_len_ : context_);
+    const double kv_elem = fp8_ ? 1 : 2;
+    return {4.0 * static_cast<double>(d_ * hq_ * batch_ * keys),
+            static_cast<double>(batch_) * (2.0 * static_cast<double>(read * hkv_ * d_) * kv_elem) + 4.0 * static_cast<double>(q_elems())};
+  }
+  Signature signature() const override { return signature_of(sets_[0].args); }
+  size_t bytes_per_set() const override {
+    return static_cast<size_t>(2 * pages_per_set() * page_ * hkv_ * d_ * (fp8_ ? 1 : 2)) + q_elems() * 4;
+  }
+  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
+
+ private:
+  size_t q_elems() const { return static_cast<size_t>(batch_ * q_len_ * hq_ * d_); }
+  int64_t pages_per_set() const { return batch_ * max_pages_; }
+  struct Set {
+    DeviceBuffer q, k, v, pages, lens, out, sinks;
+    MhaDecodeArgs args;
+  };
+  void add_set() {
+    std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 104729));
+    reference::DecodeProblem h;
+    h.batch = static_cast<int>(batch_);
+    h.q_len = static_cast<int>(q_len_);
+    h.hq = static_cast<int>(hq_);
+    h.hkv = static_cast<int>(hkv_);
+    h.d = static_cast<int>(d_);
+    h.page_size = static_cast<int>(page_);
+    h.max_pages = static_cast<int>(max_pages_);
+    h.window_left = static_cast<int>(window_);
+    h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    h.seqlens.assign(static_cast<size_t>(batch_), static_cast<int>(context_));
+    const int64_t num_pages = pages_per_set();
+    h.page_table.resize(static_cast<size_t>(num_pages));
+    std::iota(h.page_table.begin(), h.page_table.end(), 0);
+    std::shuffle(h.page_table.begin(), h.page_table.end(), rng);  // pages scattered in memory
+    const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
+    const size_t cache_elems = static_cast<size_t>(num_pages * page_ * hkv_ * d_);
+    std::vector<uint16_t> k16, v16;
+    std::vector<uint8_t> k8, v8;
+    const float scale = 0.5f;
+    if (fp8_) {
+      auto fill = [&](std::vector<uint8_t>& bits, std::vector<double>& values) {
+        std::uniform_int_distribution<int> byte(0, 255);
+        bits.resize(cache_elems);
+        values.resize(cache_elems);
+        for (size_t i = 0; i < cache_elems; ++i) {
+          uint8_t b;
+          do {
+            b = static_cast<uint8_t>(byte(rng));
+          } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);
+          bits[i] = b;
+          values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
+        }
+      };
+      fill(k8, h.k_cache);
+      fill(v8, h.v_cache);
+    } else {
+      k16 = random_half(rng, cache_elems, dtype_, 1.0f, h.k_cache);
+      v16 = random_half(rng, cache_elems, dtype_, 1.0f, h.v_cache);
+    }
+    std::vector<float> sinks(static_cast<size_t>(hq_), 0.5f);
+    if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
+    Set s{DeviceBuffer::from(q), fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16), fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
+          DeviceBuffer::from(h.page_table), DeviceBuffer::from(h.seqlens), DeviceBuffer(q.size() * 2), DeviceBuffer::from(sinks), {}};
+    auto& a = s.args;
+    const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
+    a.q = view(s.q, dtype_, {batch_ * q_len_, hq_, d_});
+    a.k_cache = view(s.k, cache, {num_pages, page_, hkv_, d_});
+    a.v_cache = view(s.v, cache, {num_pages, page_, hkv_, d_});
+    a.page_table = view(s.pages, DType::kI32, {batch_, max_pages_});
+    a.cache_seqlens = view(s.lens, DType::kI32, {batch_});
+    a.out = view(s.out, dtype_, {batch_ * q_len_, hq_, d_});
+    a.q_len = static_cast<int32_t>(q_len_);
+    a.window_left = static_cast<int32_t>(window_);
+    if (sinks_) a.sinks = view(s.sinks, DType::kF32, {hq_});
+    a.k_scale = a.v_scale = scale;
+    if (sets_.empty()) host_ = std::move(h);
+    sets_.push_back(std::move(s));
+  }
+  uint64_t seed_;
+  int64_t batch_, context_, q_len_, hq_, hkv_, d_, page_, window_, max_pages_;
+  DType dtype_;
+  bool fp8_, sinks_;
+  reference::DecodeProblem host_;
+  std::vector<Set> sets_;
+};
+
+// ---- moe_apply -------------------------------------------------------------------------------
+class MoeProblem : public Problem {
+ public:
+  MoeProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
+    tokens_ = s.integer("tokens", 8);
+    hidden_ = s.integer("hidden", 2880);
+    inter_ = s.integer("inter", 2880);
+    experts_ = s.integer("experts", 128);
+    top_k_ = s.integer("top_k", 4);
+    const std::string weights = s.text("weights", "mxfp4");
+    if (weights != "bf16" && weights != "mxfp4") throw Error(ErrorCode::kInvalidArgument, "--shape: weights must be bf16 or mxfp4");
+    mxfp4_ = weights == "mxfp4";
+    const std::string routing = s.text("routing", "topk_softmax");
+    routing_ = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : routing == "precomputed" ? 2 : -1;
+    if (routing_ < 0) throw Error(ErrorCode::kInvalidArgument, "--shape: routing must be topk_softmax, softmax_topk or precomputed");
+    const std::string act = s.text("activation", "swiglu_clamped");
+    if (act != "silu_glu" && act != "swiglu_clamped") throw Error(ErrorCode::kInvalidArgument, "--shape: activation must be silu_glu or swiglu_clamped");
+    swiglu_ = act == "swiglu_clamped";
+    const std::string layout = s.text("layout", "interleaved");
+    if (layout != "concat" && layout != "interleaved") throw Error(ErrorCode::kInvalidArgument, "--shape: layout must be concat or interleaved");
+    interleaved_ = layout == "interleaved";
+    bias_ = s.flag("bias", true);
+    if (tokens_ < 1 || hidden_ < 32 || inter_ < 32 || experts_ < 1 || top_k_ < 1 || top_k_ > experts_) {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: need tokens >= 1, hidden and inter >= 32, 1 <= top_k <= experts");
+    }
+    ensure_sets(1);
+  }
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void run(int i) override { moe_apply(sets_[static_cast<size_t>(i)].args, nullptr); }
+  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
+  std::vector<double> output(int i) const override {
+    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(static_cast<size_t>(tokens_ * hidden_)), DType::kBF16);
+  }
+  std::vector<double> cpu_reference() const override { return reference::moe_reference(host_); }
+  double cpu_cost() const override { return work().flops / 2; }
+  Work work() const override {
+    const double expert_bytes = static_cast<double>(3 * hidden_ * inter_) * (mxfp4_ ? 0.5 + 1.0 / 32 : 2.0);
+    return {6.0 * static_cast<double>(tokens_ * top_k_ * hidden_ * inter_),
+            static_cast<double>(active_experts_) * expert_bytes + 4.0 * static_cast<double>(tokens_ * hidden_)};
+  }
+  Signature signature() const override { return signature_of(sets_[0].args); }
+  size_t bytes_per_set() const override {
+    return static_cast<size_t>(static_cast<double>(3 * experts_ * hidden_ * inter_) * (mxfp4_ ? 0.53 : 2.0));
+  }
+  double tolerance() const override { return 1e-2; }
+
+ private:
+  struct Set {
+    DeviceBuffer x, out, logits, ids, weights, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias;
+    MoeArgs args;
+  };
+  void add_set() {
+    std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 15485863));
+    const size_t T = static_cast<size_t>(tokens_), H = static_cast<size_t>(hidden_), I = static_cast<size_t>(inter_),
+                 E = static_cast<size_t>(experts_), K = static_cast<size_t>(top_k_);
+    reference::MoeProblem h;
+    h.tokens = static_cast<int>(T);
+    h.hidden = static_cast<int>(H);
+    h.inter = static_cast<int>(I);
+    h.experts = static_cast<int>(E);
+    h.top_k = static_cast<int>(K);
+    h.routing = routing_ == 1 ? 1 : 0;
+    h.activation = swiglu_ ? 1 : 0;
+    h.interleaved = interleaved_;
+    const auto x = random_half(rng, T * H, DType::kBF16, 1.0f, h.x);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> logits, weights;
+    std::vector<int> ids;
+    if (routing_ == 2) {
+      for (size_t t = 0; t < T; ++t) {
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (size_t j = 0; j < K; ++j) {
+          ids.push_back(order[j]);
+          weights.push_back(std::fabs(n01(rng)) / static_cast<float>(K));
+        }
+      }
+      h.topk_ids = ids;
+      h.topk_weights.assign(weights.begin(), weights.end());
+    } else {
+      for (size_t i = 0; i < T * E; ++i) logits.push_back(2.0f * n01(rng));
+      h.logits.assign(logits.begin(), logits.end());
+    }
+    std::vector<uint16_t> w13, w2;
+    std::vector<uint8_t> w13p, w2p, s13, s2;
+    auto make_mx = [&](size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales, std::vector<double>& values) {
+      std::uniform_int_distribution<int> nib(0, 15), sc(121, 124);
+      packed.assign(rows * k / 2, 0);
+      scales.assign(rows * k / 32, 0);
+      values.assign(rows * k, 0.0);
+      for (auto& v : scales) v = static_cast<uint8_t>(sc(rng));
+      for (size_t i = 0; i < rows * k; ++i) {
+        const uint8_t v = static_cast<uint8_t>(nib(rng));
+        packed[i / 2] |= static_cast<uint8_t>(i % 2 ? v << 4 : v);
+        values[i] = static_cast<double>(e2m1_to_float(v)) * e8m0_to_float(scales[i / 32]);
+      }
+    };
+    if (mxfp4_) {
+      make_mx(E * 2 * I, H, w13p, s13, h.w13);
+      make_mx(E * H, I, w2p, s2, h.w2);
+    } else {
+      w13 = random_half(rng, E * 2 * I * H, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(H)), h.w13);
+      w2 = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)), h.w2);
+    }
+    std::vector<float> b13, b2;
+    if (bias_) {
+      for (size_t i = 0; i < E * 2 * I; ++i) b13.push_back(0.1f * n01(rng));
+      for (size_t i = 0; i < E * H; ++i) b2.push_back(0.1f * n01(rng));
+      h.w13_bias.assign(b13.begin(), b13.end());
+      h.w2_bias.assign(b2.begin(), b2.end());
+    }
+    Set s{DeviceBuffer::from(x), DeviceBuffer(T * H * 2), DeviceBuffer::from(logits), DeviceBuffer::from(ids), DeviceBuffer::from(weights),
+          mxfp4_ ? DeviceBuffer::from(w13p) : DeviceBuffer::from(w13), DeviceBuffer::from(s13), DeviceBuffer::from(b13),
+          mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2), DeviceBuffer::from(s2), DeviceBuffer::from(b2), {}};
+    auto& a = s.args;
+    const auto t64 = tokens_, h64 = hidden_, i64 = inter_, e64 = experts_;
+    a.x = view(s.x, DType::kBF16, {t64, h64});
+    a.out = view(s.out, DType::kBF16, {t64, h64});
+    if (routing_ == 2) {
+      a.topk_ids = view(s.ids, DType::kI32, {t64, top_k_});
+      a.topk_weights = view(s.weights, DType::kF32, {t64, top_k_});
+    } else {
+      a.router_logits = view(s.logits, DType::kF32, {t64, e64});
+      a.routing = routing_ == 0 ? MoeRouting::kTopkThenSoftmax : MoeRouting::kSoftmaxThenTopk;
+    }
+    a.top_k = static_cast<int32_t>(top_k_);
+    if (mxfp4_) {
+      a.w13 = view(s.w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
+      a.w13_scale = view(s.w13_scale, DType::kE8M0, {e64, 2 * i64, h64 / 32});
+      a.w2 = view(s.w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
+      a.w2_scale = view(s.w2_scale, DType::kE8M0, {e64, h64, i64 / 32});
+    } else {
+      a.w13 = view(s.w13, DType::kBF16, {e64, 2 * i64, h64});
+      a.w2 = view(s.w2, DType::kBF16, {e64, h64, i64});
+    }
+    if (bias_) {
+      a.w13_bias = view(s.w13_bias, DType::kF32, {e64, 2 * i64});
+      a.w2_bias = view(s.w2_bias, DType::kF32, {e64, h64});
+    }
+    a.activation = swiglu_ ? MoeActivation::kSwigluClamped : MoeActivation::kSiluGlu;
+    a.gate_up_layout = interleaved_ ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+    if (sets_.empty()) {
+      // Experts the routing actually chose: the weight bytes a call must read.
+      std::set<int> used(ids.begin(), ids.end());
+      if (routing_ != 2) {
+        for (size_t t = 0; t < T; ++t) {
+          std::vector<int> order(E);
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(), [&](int a1, int b1) { return logits[t * E + a1] > logits[t * E + b1]; });
+          used.insert(order.begin(), order.begin() + static_cast<long>(K));
+        }
+      }
+      active_experts_ = static_cast<int64_t>(used.size());
+      host_ = std::move(h);
+    }
+    sets_.push_back(std::move(s));
+  }
+  uint64_t seed_;
+  int64_t tokens_, hidden_, inter_, experts_, top_k_, active_experts_ = 0;
+  int routing_;
+  bool mxfp4_, swiglu_, interleaved_, bias_;
+  reference::MoeProblem host_;
+  std::vector<Set> sets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed) {
+  std::unique_ptr<Problem> p;
+  if (op == "mha_prefill") {
+    p = std::make_unique<PrefillProblem>(shape, seed);
+  } else if (op == "mha_decode_with_kvcache") {
+    p = std::make_unique<DecodeProblem>(shape, seed);
+  } else if (op == "moe_apply") {
+    p = std::make_unique<MoeProblem>(shape, seed);
+  } else {
+    operator_from_name(op);  // throws, listing the operators
+  }
+  shape.check_all_used(op);
+  return p;
+}
+
+}  // namespace kiln::tools
