@@ -4,11 +4,15 @@
 #include <benchmark/benchmark.h>
 
 #include <cuda.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "attention/params.h"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/driver.hpp"
 #include "backends/cuda/nvrtc.hpp"
+#include "cache/kernel_cache.hpp"
 #include "jit/compiler.hpp"
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
@@ -76,6 +80,29 @@ BENCHMARK_CAPTURE(BM_Compile, decode_inprocess, std::string("attention.decode.re
 BENCHMARK_CAPTURE(BM_Compile, decode_worker, std::string("attention.decode.reference"), true)->Unit(benchmark::kMillisecond)->Iterations(7);
 BENCHMARK_CAPTURE(BM_Compile, moe_inprocess, std::string("moe.apply.reference"), false)->Unit(benchmark::kMillisecond)->Iterations(7);
 BENCHMARK_CAPTURE(BM_Compile, moe_worker, std::string("moe.apply.reference"), true)->Unit(benchmark::kMillisecond)->Iterations(7);
+
+// A verified database hit: lookup, checksum over a 16 KiB binary, target and compiler checks,
+// and the LRU bookkeeping write. Paid once per kernel per process.
+void BM_DatabaseHit(benchmark::State& state) {
+  const std::string dir = "/tmp/kiln-bench-dbhit-" + std::to_string(::getpid());
+  {
+    detail::KernelCache cache(dir, {}, 1 << 30, detail::KernelCache::Mode::kServe);
+    detail::CacheRow row;
+    row.key = {42, 43};
+    row.kernel = "k";
+    row.op = "mha_prefill";
+    row.signature = "s";
+    row.target = "sm_90a";
+    row.backend = "cuda";
+    row.compiler = "c";
+    row.entry = "e";
+    row.binary.assign(16384, 0x5a);
+    cache.publish(row);
+    for (auto _ : state) benchmark::DoNotOptimize(cache.lookup(row.key, "sm_90a", "c"));
+  }
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_DatabaseHit);
 
 // ---- GPU: the hit path against a raw launch of the same kernel --------------------------------
 
