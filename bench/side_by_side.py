@@ -301,6 +301,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
+    ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
     args = ap.parse_args()
     torch.cuda.init()
     kiln = Kiln(args.lib)
@@ -316,15 +317,15 @@ def main():
         ("(c) window 128 S=4096", 1, 4096, 64, 8, 64, True, 128, True),
         ("(c) window 128 S=16384", 1, 16384, 64, 8, 64, True, 128, True),
     ]
-    for c in cases:
+    for c in cases if args.only in (None, "prefill") else []:
         rows.append(prefill_case(kiln, *c, l2=l2, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)
     for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),
-                                     ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)):
+                                     ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)) if args.only in (None, "decode") else ():
         for page in (16, 64):
             rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
             print(json.dumps(rows[-1]), flush=True)
-    for T in (1, 8, 64, 512, 4096, 8192):
+    for T in (1, 8, 64, 512, 4096, 8192) if args.only in (None, "moe") else ():
         rows.append(moe_case(kiln, T, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)
     ceil = ceilings()

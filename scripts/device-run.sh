@@ -5,7 +5,7 @@ set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 /work/main/build-device/bin/kiln devices | tee -a "$out/device.txt"
-KILN_STRESS_SECONDS=120 /work/main/build-device/bin/kiln_gpu_tests --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which|rel|stress:" | head -80
+KILN_STRESS_SECONDS=${KILN_STRESS_SECONDS:-120} /work/main/build-device/bin/kiln_gpu_tests --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which|rel|stress:" | head -80
 /work/main/build-device/bin/kiln_bench_host --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/bench_host.json" --benchmark_out_format=json 2>&1 | tee "$out/bench_host.log" | grep -E "median|Benchmark|----"
 echo "== fresh-process compile times (sm_90a) =="

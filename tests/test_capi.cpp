@@ -43,9 +43,13 @@ TEST(CApi, ExplainAndListReturnJson) {
   ASSERT_EQ(kiln_list_kernels_json(&json), KILN_OK) << kiln_last_error();
   EXPECT_NE(std::string(json).find("attention.prefill.reference"), std::string::npos);
   kiln_free_string(json);
-  ASSERT_EQ(kiln_explain_json("mha_decode_with_kvcache", "dtype=bf16,kv_dtype=bf16,head_dim=128,group=8,page_size=16,q_len=1",
-                              "sm_90a", &json), KILN_OK) << kiln_last_error();
+  const char* sig = "dtype=bf16,kv_dtype=bf16,head_dim=128,group=8,page_size=16,q_len=1";
+  ASSERT_EQ(kiln_explain_json("mha_decode_with_kvcache", sig, "sm_90a", &json), KILN_OK) << kiln_last_error();
+  EXPECT_NE(std::string(json).find("\"selected\": \"attention.decode.split_cluster\""), std::string::npos) << json;
+  kiln_free_string(json);
+  ASSERT_EQ(kiln_explain_json("mha_decode_with_kvcache", sig, "sm_80", &json), KILN_OK) << kiln_last_error();
   EXPECT_NE(std::string(json).find("\"selected\": \"attention.decode.reference\""), std::string::npos) << json;
+  EXPECT_NE(std::string(json).find("needs feature launch:cluster, which sm_80 lacks"), std::string::npos) << json;
   kiln_free_string(json);
   EXPECT_EQ(kiln_explain_json("mha_decode", "dtype=bf16", "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(kiln_explain_json("moe_apply", "dtype=bf16", "sm_13", &json), KILN_ERROR_INVALID_ARGUMENT);

@@ -243,7 +243,9 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
 }
 
-TEST_F(Gpu, DecodeReferenceMatchesFloat64) {
+// Every case runs on the kernel the selector picks (the cluster split-KV kernel where it accepts
+// the signature) and again forced onto the reference kernel.
+TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
       {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
       {DType::kF16, false, 64, 8, 1, 64, 1, {64, 65, 1000}, -1, true},
@@ -252,8 +254,15 @@ TEST_F(Gpu, DecodeReferenceMatchesFloat64) {
       {DType::kBF16, true, 128, 32, 8, 16, 1, {5, 33, 510}, -1, false},
       {DType::kF16, true, 64, 16, 4, 64, 3, {3, 100}, 10, true},
       {DType::kBF16, false, 128, 8, 8, 64, 1, {65536, 1}, -1, false},  // 64k context
+      {DType::kBF16, false, 128, 64, 8, 16, 1, {4096, 4000, 1, 0, 333, 4096, 2048, 17}, -1, true},
+      {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
   };
-  for (const auto& c : cases) run_decode(rng, c);
+  const OperatorId decode{kFamilyAttention, kModeDecode};
+  for (const char* kernel : {"", "attention.decode.reference"}) {
+    Registry::global().set_override(decode, kernel);
+    for (const auto& c : cases) run_decode(rng, c);
+  }
+  Registry::global().set_override(decode, "");
 }
 
 struct MoeCase {
