@@ -3,8 +3,8 @@
 // Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128. A CTA reads its share of one
 // sequence's K and V for one KV head exactly once and serves every query row of the GQA group and
 // all q_len new tokens from it (kRows = kQLen * kGroup rows). A warp streams 32 / (D/8) tokens at a
-// time, each lane copying 16 bytes of K and of V into a 4-stage shared-memory ring with cp.async,
-// so three tokens per stream are in flight while one is computed (no registers held for them). Partial softmax states are merged across the token streams of a warp
+// time, each lane loading 16 bytes of K and of V, the next tokens' loads issued before this
+// token's math. Partial softmax states are merged across the token streams of a warp
 // (shuffles), the warps of a CTA (shared memory) and the CTAs of the cluster (distributed shared
 // memory); cluster rank 0 writes the output. No workspace, one launch.
 #pragma once
@@ -31,22 +31,6 @@ __device__ __forceinline__ void unpack8(const Bf16x8& v, float (&out)[8]) {
   }
 }
 
-// cp.async of 16 bytes; each lane later reads back only what it copied, so waiting on its own
-// groups is the only synchronization needed.
-__device__ __forceinline__ void copy16_async(void* smem, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(smem)), "l"(global) : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ Bf16x8 load16_shared(const void* p) {
-  Bf16x8 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "r"(shared_address(p)));
-  return v;
-}
-
 __device__ __forceinline__ Bf16x8 load16(const void* p) {
   Bf16x8 v;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
@@ -65,9 +49,7 @@ __global__ void __launch_bounds__(128, 3) decode_split_sm90(const KilnDecodePara
   constexpr int kStreams = 32 / kLanesPerToken;  // tokens a warp handles at once
   constexpr int kWarps = 4;
   constexpr int kStep = kWarps * kStreams;
-  constexpr int kStages = 4;
 
-  __shared__ __align__(16) Bf16x8 ring[kStages][2][kWarps * 32];  // [stage][K or V][thread]
   __shared__ float warp_acc[kWarps][kRows][kHeadDim];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
   __shared__ float cta_acc[kRows][kHeadDim];
@@ -114,27 +96,21 @@ __global__ void __launch_bounds__(128, 3) decode_split_sm90(const KilnDecodePara
     return static_cast<const T*>(cache) + page * page_stride + (t % p.page_size) * row_stride + kv_head * head_stride + chunk * 8;
   };
   // The whole warp iterates together (the reductions shuffle across all lanes); a stream past
-  // the end copies nothing and contributes nothing. Iteration i computes token t0 + lane's offset
-  // + i * kStep from ring stage i % kStages while stages i+1 .. i+3 are in flight.
-  const int my_first = t0 + warp * kStreams + stream;
-  auto issue = [&](int iteration) {
-    const int tok = my_first + iteration * kStep;
-    if (tok < t1) {
-      copy16_async(&ring[iteration % kStages][0][threadIdx.x], address(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, tok));
-      copy16_async(&ring[iteration % kStages][1][threadIdx.x], address(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, tok));
-    }
-    commit_copies();  // an empty group keeps the count of groups the same on every lane
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-  int iteration = 0;
-  for (int base = t0 + warp * kStreams; base < t1; base += kStep, ++iteration) {
-    const int t = my_first + iteration * kStep;
+  // the end loads nothing and contributes nothing.
+  int t = t0 + warp * kStreams + stream;
+  Bf16x8 k_next{}, v_next{};
+  if (t < t1) {
+    k_next = load16(address(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, t));
+    v_next = load16(address(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, t));
+  }
+  for (int base = t0 + warp * kStreams; base < t1; base += kStep, t += kStep) {
+    const Bf16x8 k_cur = k_next, v_cur = v_next;
     const bool valid = t < t1;
-    wait_copies<kStages - 2>();  // this iteration's group has landed
-    const Bf16x8 k_cur = load16_shared(&ring[iteration % kStages][0][threadIdx.x]);
-    const Bf16x8 v_cur = load16_shared(&ring[iteration % kStages][1][threadIdx.x]);
-    issue(iteration + kStages - 1);  // into the stage the previous iteration already read
+    const int t_next = t + kStep;
+    if (t_next < t1) {  // the next tokens' loads go out before this token's math
+      k_next = load16(address(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, t_next));
+      v_next = load16(address(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, t_next));
+    }
     float kf[8], vf[8];
     unpack8<T>(k_cur, kf);
     unpack8<T>(v_cur, vf);
