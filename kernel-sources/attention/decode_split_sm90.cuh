@@ -9,38 +9,12 @@
 // memory); cluster rank 0 writes the output. No workspace, one launch.
 #pragma once
 
+#include "attention/decode_merge.cuh"
 #include "attention/params.h"
 #include "common/cluster.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
-
-struct Bf16x8 {
-  unsigned w[4];
-};
-
-template <typename T>
-__device__ __forceinline__ void unpack8(const Bf16x8& v, float (&out)[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    T lo, hi;
-    lo.bits = static_cast<u16>(v.w[i] & 0xFFFFu);
-    hi.bits = static_cast<u16>(v.w[i] >> 16);
-    out[2 * i] = to_float(lo);
-    out[2 * i + 1] = to_float(hi);
-  }
-}
-
-__device__ __forceinline__ Bf16x8 load16(const void* p) {
-  Bf16x8 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
-  return v;
-}
-
-// exp(old - new) that is 0, not NaN, when nothing was seen yet.
-__device__ __forceinline__ float rescale(float old_max, float new_max) {
-  return old_max == neg_inf() ? 0.0f : __expf(old_max - new_max);
-}
 
 template <typename T, int kHeadDim, int kQLen, int kGroup>
 __global__ void __launch_bounds__(128, 3) decode_split_sm90(const KilnDecodeParams p) {
@@ -52,8 +26,6 @@ __global__ void __launch_bounds__(128, 3) decode_split_sm90(const KilnDecodePara
 
   __shared__ float warp_acc[kWarps][kRows][kHeadDim];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
-  __shared__ float cta_acc[kRows][kHeadDim];
-  __shared__ float cta_m[kRows], cta_l[kRows];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int stream = lane / kLanesPerToken, chunk = lane % kLanesPerToken;
@@ -162,58 +134,7 @@ __global__ void __launch_bounds__(128, 3) decode_split_sm90(const KilnDecodePara
       }
     }
   }
-  __syncthreads();
-
-  // Merge the warps of the CTA: thread i owns (row, dim) pairs i, i + 128, ...
-  for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
-    const int r = i / kHeadDim, d = i % kHeadDim;
-    float mm = neg_inf();
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, warp_m[w][r]);
-    float ll = 0.0f, aa = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = rescale(warp_m[w][r], mm);
-      ll += warp_l[w][r] * c;
-      aa += warp_acc[w][r][d] * c;
-    }
-    cta_acc[r][d] = aa;
-    if (d == 0) {
-      cta_m[r] = mm;
-      cta_l[r] = ll;
-    }
-  }
-
-  // Merge the CTAs of the cluster in rank 0, through distributed shared memory.
-  cluster_sync();
-  if (cluster_rank() == 0) {
-    for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
-      const int r = i / kHeadDim, d = i % kHeadDim;
-      float mm = neg_inf();
-      for (int c = 0; c < splits; ++c) mm = fmaxf(mm, load_from_cluster_rank(&cta_m[r], static_cast<unsigned>(c)));
-      float ll = 0.0f, aa = 0.0f;
-      for (int c = 0; c < splits; ++c) {
-        const float scale = rescale(load_from_cluster_rank(&cta_m[r], static_cast<unsigned>(c)), mm);
-        ll += load_from_cluster_rank(&cta_l[r], static_cast<unsigned>(c)) * scale;
-        aa += load_from_cluster_rank(&cta_acc[r][d], static_cast<unsigned>(c)) * scale;
-      }
-      const int j = r / kGroup, g = r % kGroup;
-      const int head = kv_head * kGroup + g;
-      if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
-        const float sink = p.sinks[head];
-        const float with_sink = fmaxf(mm, sink);
-        const float c = rescale(mm, with_sink);
-        ll = ll * c + __expf(sink - with_sink);
-        aa *= c;
-        mm = with_sink;
-      }
-      const int row = b * kQLen + j;
-      T* out = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
-      out[d] = from_float<T>(ll > 0.0f ? aa / ll : 0.0f);
-      if (p.lse != nullptr && d == 0) p.lse[row * p.lse_row_stride + head] = ll > 0.0f ? mm + logf(ll) : neg_inf();
-    }
-  }
-  cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kWarps>(p, warp_acc, warp_m, warp_l, b, kv_head, splits);
 }
 
 }  // namespace kiln

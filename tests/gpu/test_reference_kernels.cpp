@@ -20,6 +20,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
+#include "kiln/registry.hpp"
 #include "kiln/warmup.hpp"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"
@@ -243,8 +244,8 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
 }
 
-// Every case runs on the kernel the selector picks (the cluster split-KV kernel where it accepts
-// the signature) and again forced onto the reference kernel.
+// Every case runs on each decode kernel that accepts it: the selected one (the tensor-core cluster
+// kernel where it accepts the signature), the CUDA-core cluster kernel, and the reference.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
       {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
@@ -258,9 +259,20 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
-  for (const char* kernel : {"", "attention.decode.reference"}) {
+  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.split_cluster", "attention.decode.reference"}) {
     Registry::global().set_override(decode, kernel);
-    for (const auto& c : cases) run_decode(rng, c);
+    int ran = 0;
+    for (const auto& c : cases) {
+      Signature sig({kFamilyAttention, kModeDecode});
+      sig.set("dtype", dtype_name(c.dtype)).set("kv_dtype", c.fp8 ? "e4m3" : dtype_name(c.dtype)).set("head_dim", int64_t{c.d});
+      sig.set("group", int64_t{c.hq / c.hkv}).set("page_size", int64_t{c.page_size}).set("q_len", int64_t{c.q_len});
+      for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
+      if (Registry::global().find(kernel)->accepts(sig)) continue;  // this kernel does not run this case
+      SCOPED_TRACE(kernel);
+      run_decode(rng, c);
+      ++ran;
+    }
+    EXPECT_GT(ran, 3) << kernel;
   }
   Registry::global().set_override(decode, "");
 }

@@ -1,0 +1,217 @@
+// Paged decode attention on tensor cores, split over the KV sequence across a thread-block cluster.
+//
+// The query rows that share a KV head (q_len new tokens x the GQA group, at most 16) form the
+// M = 16 side of mma.sync m16n8k16: per tile of 16 tokens a warp computes S = Q K^T (two n-tiles
+// of 8 tokens) and O += P V, with one online-softmax rescale per tile. K fragments come straight
+// from global memory in 16-byte loads: within each 32-dimension block, lane quad c reads dims
+// 8c..8c+7 of one token, and the same permutation of the reduction dimension is applied to Q, so
+// S is unchanged. V goes through a padded shared-memory tile read with ldmatrix.trans.
+// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128; the merge is decode_merge.cuh's.
+#pragma once
+
+#include "attention/decode_merge.cuh"
+#include "attention/params.h"
+#include "common/cluster.cuh"
+#include "common/prelude.cuh"
+
+namespace kiln {
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void mma_16816<bf16>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<f16>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to a packed pair (low half first) of the element type.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(smem)));
+}
+
+template <typename T, int kHeadDim, int kQLen, int kGroup>
+__global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams p) {
+  constexpr int kRows = kQLen * kGroup;  // <= 16
+  constexpr int kWarps = 4;
+  constexpr int kTile = 16;                   // tokens per warp iteration
+  constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
+  constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
+  constexpr int kVStride = kHeadDim + 8;      // elements; +16 bytes keeps ldmatrix conflict-free
+
+  __shared__ float warp_acc[kWarps][kRows][kHeadDim];
+  __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
+  __shared__ __align__(16) T v_tile[kWarps][kTile][kVStride];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;  // mma groupID and thread-in-group
+  const int splits = gridDim.x, split = blockIdx.x;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int len = p.cache_seqlens[b];
+
+  // A fragments of Q for every k-step, rows g and g + 8 (zeros beyond kRows), in the permuted order.
+  unsigned qa[kBlocks][2][4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    Bf16x8 words[kBlocks];
+#pragma unroll
+    for (int m = 0; m < kBlocks; ++m) {
+      words[m] = Bf16x8{{0u, 0u, 0u, 0u}};
+      if (r < kRows) {
+        const int j = r / kGroup, h = r % kGroup;
+        words[m] = load16(static_cast<const T*>(p.q) + (b * kQLen + j) * p.q_row_stride + (kv_head * kGroup + h) * p.q_head_stride + 32 * m + 8 * c);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kBlocks; ++m) {
+      // k-step 2m uses words 0,1; k-step 2m+1 words 2,3. a[0]/a[2]: row g; a[1]/a[3]: row g + 8.
+      qa[m][0][half] = words[m].w[0];
+      qa[m][0][2 + half] = words[m].w[1];
+      qa[m][1][half] = words[m].w[2];
+      qa[m][1][2 + half] = words[m].w[3];
+    }
+  }
+
+  const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
+  const int first = max(0, len - kQLen - window);
+  const int total = max(0, len - first);
+  const int share = (total + splits - 1) / splits;
+  const int t0 = first + split * share, t1 = min(len, t0 + share);
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (log2 domain)
+
+  const int* pages = p.page_table + b * p.page_table_stride;
+  auto row_of = [&](const void* cache, long long page_stride, long long row_stride, long long head_stride, int t) {
+    const long long page = pages[t / p.page_size];
+    return static_cast<const T*>(cache) + page * page_stride + (t % p.page_size) * row_stride + kv_head * head_stride;
+  };
+
+  for (int base = t0 + warp * kTile; base < t1; base += kWarps * kTile) {
+    // V tile -> shared memory (zeros past the end: P is 0 there, and 0 * garbage could be NaN).
+#pragma unroll
+    for (int i = 0; i < kTile * kHeadDim / 8 / 32; ++i) {
+      const int idx = i * 32 + lane, tok = idx / (kHeadDim / 8), chunk = idx % (kHeadDim / 8);
+      Bf16x8 v{{0u, 0u, 0u, 0u}};
+      if (base + tok < t1) v = load16(row_of(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, base + tok) + chunk * 8);
+      *reinterpret_cast<Bf16x8*>(&v_tile[warp][tok][chunk * 8]) = v;
+    }
+    // S = Q K^T for tokens base + 8n + g (B fragments loaded straight from the cache).
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const int tok = base + 8 * n + g;
+      const T* k_row = tok < t1 ? row_of(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, tok) : nullptr;
+#pragma unroll
+      for (int m = 0; m < kBlocks; ++m) {
+        const Bf16x8 kw = k_row ? load16(k_row + 32 * m + 8 * c) : Bf16x8{{0u, 0u, 0u, 0u}};
+        mma_16816<T>(s[n], qa[m][0], kw.w[0], kw.w[1]);
+        mma_16816<T>(s[n], qa[m][1], kw.w[2], kw.w[3]);
+      }
+    }
+    // Scale, cap, mask; one online-softmax step per row for the whole tile.
+    float tile_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1, r = g + 8 * half;
+        const int tok = base + 8 * n + 2 * c + (e & 1);
+        const int rel = tok - (len - kQLen), j = r / kGroup;
+        float x = softcap_score(s[n][e] * p.softmax_scale, p.softcap) * 1.4426950408889634f;
+        if (r >= kRows || tok >= t1 || rel > j || rel < j - window) x = neg_inf();
+        s[n][e] = x;
+        tile_max[half] = fmaxf(tile_max[half], x);
+      }
+    }
+    float factor[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      const float new_m = fmaxf(m_row[half], tile_max[half]);
+      factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2f(m_row[half] - new_m);
+      m_row[half] = new_m;
+      l_row[half] *= factor[half];
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1;
+        const float pe = s[n][e] == neg_inf() ? 0.0f : exp2f(s[n][e] - m_row[half]);
+        s[n][e] = pe;
+        l_row[half] += pe;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      o[n][0] *= factor[0];
+      o[n][1] *= factor[0];
+      o[n][2] *= factor[1];
+      o[n][3] *= factor[1];
+    }
+    // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
+    const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                            pack2<T>(s[1][2], s[1][3])};
+    __syncwarp();  // the V tile written by every lane is complete
+#pragma unroll
+    for (int q = 0; q < kDTiles / 2; ++q) {
+      unsigned vb[4];
+      const int tok = (lane & 7) + 8 * ((lane >> 3) & 1), d = (2 * q + (lane >> 4)) * 8;
+      ldmatrix_x4_trans(vb, &v_tile[warp][tok][d]);
+      mma_16816<T>(o[2 * q], pa, vb[0], vb[1]);
+      mma_16816<T>(o[2 * q + 1], pa, vb[2], vb[3]);
+    }
+    __syncwarp();  // before the next tile overwrites the V tile
+  }
+
+  // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows g and g + 8.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 1);
+    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 2);
+    const int r = g + 8 * half;
+    if (r < kRows) {
+#pragma unroll
+      for (int n = 0; n < kDTiles; ++n) {
+        warp_acc[warp][r][8 * n + 2 * c] = o[n][2 * half];
+        warp_acc[warp][r][8 * n + 2 * c + 1] = o[n][2 * half + 1];
+      }
+      if (c == 0) {
+        warp_m[warp][r] = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * 0.6931471805599453f;
+        warp_l[warp][r] = l_row[half];
+      }
+    }
+  }
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kWarps>(p, warp_acc, warp_m, warp_l, b, kv_head, splits);
+}
+
+}  // namespace kiln
