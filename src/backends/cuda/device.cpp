@@ -1,5 +1,6 @@
 #include "backends/cuda/device.hpp"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -158,6 +159,10 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
   if (shape.dynamic_shared_bytes > 48 * 1024) {
     KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                  static_cast<int>(shape.dynamic_shared_bytes));
+  }
+  if (shape.cluster[0] * std::max(shape.cluster[1], 1u) * std::max(shape.cluster[2], 1u) > 8) {
+    // Clusters above the portable 8 CTAs (Hopper allows 16) need the kernel to opt in.
+    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
   }
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   void* args[] = {const_cast<void*>(params)};
