@@ -2,11 +2,13 @@
 //
 // The query rows that share a KV head (q_len new tokens x the GQA group, at most 16) form the
 // M = 16 side of mma.sync m16n8k16: per tile of 16 tokens a warp computes S = Q K^T (two n-tiles
-// of 8 tokens) and O += P V, with one online-softmax rescale per tile. K fragments come straight
-// from global memory in 16-byte loads: within each 32-dimension block, lane quad c reads dims
-// 8c..8c+7 of one token, and the same permutation of the reduction dimension is applied to Q, so
-// S is unchanged. V goes through a padded shared-memory tile read with ldmatrix.trans.
-// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128; the merge is decode_merge.cuh's.
+// of 8 tokens) and O += P V, with one online-softmax rescale per tile. Each warp double-buffers its
+// K and V tiles in dynamic shared memory with cp.async (zero-filled past the end), so the next
+// tile loads while this one computes. K fragments are read 16 bytes at a time: within each
+// 32-dimension block lane quad c takes dims 8c..8c+7 of one token, and the same permutation of
+// the reduction dimension is applied to Q, so S is unchanged. V is read with ldmatrix.trans.
+// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128, dynamic shared memory
+// decode_mma_shared_bytes(head_dim); the merge is decode_merge.cuh's.
 #pragma once
 
 #include "attention/decode_merge.cuh"
@@ -47,6 +49,19 @@ __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
   return r;
 }
 
+// 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false.
+__device__ __forceinline__ void copy16_async_or_zero(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(global), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void wait_copies_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+__device__ __forceinline__ Bf16x8 load16_shared(const void* p) {
+  Bf16x8 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "r"(shared_address(p)));
+  return v;
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -60,11 +75,14 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   constexpr int kTile = 16;                   // tokens per warp iteration
   constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
-  constexpr int kVStride = kHeadDim + 8;      // elements; +16 bytes keeps ldmatrix conflict-free
+  constexpr int kKStride = kHeadDim + 32;     // elements; +64 bytes: fragment reads conflict-free
+  constexpr int kVStride = kHeadDim + 8;      // +16 bytes: ldmatrix conflict-free
+  constexpr int kStage = kTile * (kKStride + kVStride);  // elements of one K + V stage
 
-  __shared__ float warp_acc[kWarps][kRows][kHeadDim];
+  // Per warp two stages of [K tile | V tile]; after the token loop the same memory holds the
+  // per-warp softmax states for the merge.
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
-  __shared__ __align__(16) T v_tile[kWarps][kTile][kVStride];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;  // mma groupID and thread-in-group
@@ -113,25 +131,42 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     return static_cast<const T*>(cache) + page * page_stride + (t % p.page_size) * row_stride + kv_head * head_stride;
   };
 
-  for (int base = t0 + warp * kTile; base < t1; base += kWarps * kTile) {
-    // V tile -> shared memory (zeros past the end: P is 0 there, and 0 * garbage could be NaN).
+  T* const stages = reinterpret_cast<T*>(shared_bytes) + warp * 2 * kStage;
+  // Copies the K and V tiles of tokens [tile, tile + 16) into `stage` (zeros past the end: P is
+  // 0 there, and 0 * garbage could be NaN), as one commit group; an empty group past the end.
+  auto issue = [&](int tile, int stage) {
+    if (tile < t1) {
+      T* k_tile = stages + stage * kStage;
+      T* v_tile = k_tile + kTile * kKStride;
 #pragma unroll
-    for (int i = 0; i < kTile * kHeadDim / 8 / 32; ++i) {
-      const int idx = i * 32 + lane, tok = idx / (kHeadDim / 8), chunk = idx % (kHeadDim / 8);
-      Bf16x8 v{{0u, 0u, 0u, 0u}};
-      if (base + tok < t1) v = load16(row_of(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, base + tok) + chunk * 8);
-      *reinterpret_cast<Bf16x8*>(&v_tile[warp][tok][chunk * 8]) = v;
+      for (int i = 0; i < kTile * kHeadDim / 8 / 32; ++i) {
+        const int idx = i * 32 + lane, tok = idx / (kHeadDim / 8), chunk = idx % (kHeadDim / 8);
+        const bool valid = tile + tok < t1;
+        const int t = valid ? tile + tok : t0;  // any mapped address when nothing is copied
+        copy16_async_or_zero(k_tile + tok * kKStride + chunk * 8,
+                             row_of(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, t) + chunk * 8, valid);
+        copy16_async_or_zero(v_tile + tok * kVStride + chunk * 8,
+                             row_of(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, t) + chunk * 8, valid);
+      }
     }
-    // S = Q K^T for tokens base + 8n + g (B fragments loaded straight from the cache).
+    commit_copies();
+  };
+  int stage = 0;
+  issue(t0 + warp * kTile, 0);
+  for (int base = t0 + warp * kTile; base < t1; base += kWarps * kTile, stage ^= 1) {
+    issue(base + kWarps * kTile, stage ^ 1);  // the next tile, into the stage read last iteration
+    wait_copies_but_one();
+    __syncwarp();  // every lane's copies of this stage are in place
+    const T* k_tile = stages + stage * kStage;
+    const T* v_tile = k_tile + kTile * kKStride;
+    // S = Q K^T for tokens base + 8n + g.
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      const int tok = base + 8 * n + g;
-      const T* k_row = tok < t1 ? row_of(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, tok) : nullptr;
 #pragma unroll
       for (int m = 0; m < kBlocks; ++m) {
-        const Bf16x8 kw = k_row ? load16(k_row + 32 * m + 8 * c) : Bf16x8{{0u, 0u, 0u, 0u}};
+        const Bf16x8 kw = load16_shared(k_tile + (8 * n + g) * kKStride + 32 * m + 8 * c);
         mma_16816<T>(s[n], qa[m][0], kw.w[0], kw.w[1]);
         mma_16816<T>(s[n], qa[m][1], kw.w[2], kw.w[3]);
       }
@@ -181,17 +216,19 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
     const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
                             pack2<T>(s[1][2], s[1][3])};
-    __syncwarp();  // the V tile written by every lane is complete
 #pragma unroll
     for (int q = 0; q < kDTiles / 2; ++q) {
       unsigned vb[4];
       const int tok = (lane & 7) + 8 * ((lane >> 3) & 1), d = (2 * q + (lane >> 4)) * 8;
-      ldmatrix_x4_trans(vb, &v_tile[warp][tok][d]);
+      ldmatrix_x4_trans(vb, v_tile + tok * kVStride + d);
       mma_16816<T>(o[2 * q], pa, vb[0], vb[1]);
       mma_16816<T>(o[2 * q + 1], pa, vb[2], vb[3]);
     }
-    __syncwarp();  // before the next tile overwrites the V tile
+    __syncwarp();  // every lane is done with this stage before the next iteration refills it
   }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();  // all warps are done with their stages: the memory now holds warp states
+  auto& warp_acc = *reinterpret_cast<float(*)[kWarps][kRows][kHeadDim]>(shared_bytes);
 
   // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows g and g + 8.
 #pragma unroll

@@ -34,6 +34,12 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows) {
 
 // Split the sequence over up to 16 CTAs of a cluster until the grid has about four CTAs per
 // multiprocessor, keeping at least 256 tokens per split: no split when the batch fills the GPU.
+// Dynamic shared memory of decode_mma_sm90: per warp two stages of a 16-token K tile (rows padded by
+// 64 bytes) and V tile (rows padded by 16 bytes). Must match the kernel's layout.
+uint32_t mma_shared_bytes(int head_dim) {
+  return static_cast<uint32_t>(4 * 2 * 16 * ((head_dim + 32) + (head_dim + 8)) * 2);
+}
+
 LaunchShape cluster_launch(const void* params, const Platform& platform) {
   const auto& p = *static_cast<const KilnDecodeParams*>(params);
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
@@ -52,7 +58,8 @@ LaunchShape cluster_launch(const void* params, const Platform& platform) {
   return shape;
 }
 
-KernelSpec cluster_kernel(const char* name, const char* source, const char* entry, Priority priority, int64_t max_rows) {
+KernelSpec cluster_kernel(const char* name, const char* source, const char* entry, Priority priority, int64_t max_rows,
+                          bool tiles_in_shared_memory) {
   KernelSpec spec;
   spec.name = name;
   spec.family = kFamilyAttention;
@@ -70,18 +77,22 @@ KernelSpec cluster_kernel(const char* name, const char* source, const char* entr
                                       sig.get_int("q_len"), sig.get_int("group")),
                           {}};
   };
-  spec.launch_shape = cluster_launch;
+  spec.launch_shape = [tiles_in_shared_memory](const void* params, const Platform& platform) {
+    LaunchShape shape = cluster_launch(params, platform);
+    if (tiles_in_shared_memory) shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim);
+    return shape;
+  };
   return spec;
 }
 
 }  // namespace
 
 KILN_REGISTER_KERNEL(attention_decode_mma_cluster) {
-  return cluster_kernel("attention.decode.mma_cluster", "attention/decode_mma_sm90.cuh", "decode_mma_sm90", Priority::kSpecialized, 16);
+  return cluster_kernel("attention.decode.mma_cluster", "attention/decode_mma_sm90.cuh", "decode_mma_sm90", Priority::kSpecialized, 16, true);
 }
 
 KILN_REGISTER_KERNEL(attention_decode_split_cluster) {
-  return cluster_kernel("attention.decode.split_cluster", "attention/decode_split_sm90.cuh", "decode_split_sm90", Priority::kPerformant, 8);
+  return cluster_kernel("attention.decode.split_cluster", "attention/decode_split_sm90.cuh", "decode_split_sm90", Priority::kPerformant, 8, false);
 }
 
 }  // namespace kiln
