@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -350,7 +351,18 @@ void KernelCache::open_writable() {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0) ::close(fd);
   try {
-    db_ = open_cache_database(path, true, network);
+    // Processes opening a new cache at once contend for the schema and journal-mode writes;
+    // SQLite reports some of that contention at once rather than through the busy timeout.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        db_ = open_cache_database(path, true, network);
+        break;
+      } catch (const Error& e) {
+        const bool contended = e.message().find("locked") != std::string::npos || e.message().find("busy") != std::string::npos;
+        if (!contended || attempt >= 50) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
     writable_ = true;
   } catch (const Error& writable_error) {
     // A read-only directory (or database) can still serve what it holds.

@@ -154,8 +154,10 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   // the others wait for it, then find its row.
   const JitSettings settings = jit_settings();
   KeyLock lock(cache.persistent() ? cache.directory() : "", key, settings.timeout_seconds + 30);
-  if (lock.waited()) {
-    cache.counters().lock_waits++;
+  if (lock.waited()) cache.counters().lock_waits++;
+  // Whoever held the lock before us may have published between our miss and our lock, whether or
+  // not we had to wait for it: look again before compiling.
+  if (lock.acquired() || lock.waited()) {
     if (auto hit = from_cache(cache, request, key, identity, check)) return hit;
   }
   cache.counters().misses++;
