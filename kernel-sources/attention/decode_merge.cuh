@@ -1,5 +1,5 @@
-// Shared by the decode kernels that split a sequence over the CTAs of a cluster: 16-byte loads,
-// bf16/f16 unpacking, and the merge of per-warp softmax states across the CTA and the cluster.
+// For decode kernels that split a sequence over the CTAs of a cluster: 16-byte loads and the merge
+// of per-warp softmax states across the CTA and the cluster.
 #pragma once
 
 #include "attention/params.h"
@@ -11,18 +11,6 @@ namespace kiln {
 struct Bf16x8 {
   unsigned w[4];
 };
-
-template <typename T>
-__device__ __forceinline__ void unpack8(const Bf16x8& v, float (&out)[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    T lo, hi;
-    lo.bits = static_cast<u16>(v.w[i] & 0xFFFFu);
-    hi.bits = static_cast<u16>(v.w[i] >> 16);
-    out[2 * i] = to_float(lo);
-    out[2 * i + 1] = to_float(hi);
-  }
-}
 
 __device__ __forceinline__ Bf16x8 load16(const void* p) {
   Bf16x8 v;

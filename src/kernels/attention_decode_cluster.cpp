@@ -1,6 +1,6 @@
-// Registration of the cluster split-KV decode kernels (sm_90+): the tensor-core one
-// (kernel-sources/attention/decode_mma_sm90.cuh) and the CUDA-core one (decode_split_sm90.cuh).
-// Both split a sequence over the CTAs of a thread-block cluster and merge in shared memory.
+// Registration of the cluster split-KV decode kernel (sm_90+, kernel-sources/attention/
+// decode_mma_sm90.cuh): tensor cores over the GQA group, the sequence split over the CTAs of a
+// thread-block cluster that merges in distributed shared memory.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -16,7 +16,7 @@ namespace {
 constexpr int kMaxSplits = 16;
 constexpr int kMinTokensPerSplit = 256;
 
-// Both kernels: q and the cache in one 16-bit type, head_dim 64 or 128, and at most `max_rows`
+// q and the cache in one 16-bit type, head_dim 64 or 128, and at most `max_rows`
 // query rows (q_len x group) per KV head; at head_dim 128 at most 8 (static shared memory: 48 KB).
 std::optional<std::string> check(const Signature& sig, int64_t max_rows) {
   const std::string& dtype = sig.get("dtype");
@@ -34,10 +34,11 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows) {
 
 // Split the sequence over up to 16 CTAs of a cluster until the grid has about four CTAs per
 // multiprocessor, keeping at least 256 tokens per split: no split when the batch fills the GPU.
-// Dynamic shared memory of decode_mma_sm90: per warp two stages of a 16-token K tile (rows padded by
-// 64 bytes) and V tile (rows padded by 16 bytes). Must match the kernel's layout.
+// Dynamic shared memory of decode_mma_sm90: per warp two stages of a 16-token K tile and V tile,
+// rows padded as the kernel pads them (kKStride, kVStride). Must match the kernel's layout.
 uint32_t mma_shared_bytes(int head_dim) {
-  return static_cast<uint32_t>(4 * 2 * 16 * ((head_dim + 32) + (head_dim + 8)) * 2);
+  const int k_stride = head_dim + (head_dim == 64 ? 32 : 8), v_stride = head_dim + 8;
+  return static_cast<uint32_t>(4 * 2 * 16 * (k_stride + v_stride) * 2);
 }
 
 LaunchShape cluster_launch(const void* params, const Platform& platform) {
@@ -58,8 +59,7 @@ LaunchShape cluster_launch(const void* params, const Platform& platform) {
   return shape;
 }
 
-KernelSpec cluster_kernel(const char* name, const char* source, const char* entry, Priority priority, int64_t max_rows,
-                          bool tiles_in_shared_memory) {
+KernelSpec cluster_kernel(const char* name, const char* source, const char* entry, Priority priority, int64_t max_rows) {
   KernelSpec spec;
   spec.name = name;
   spec.family = kFamilyAttention;
@@ -77,9 +77,9 @@ KernelSpec cluster_kernel(const char* name, const char* source, const char* entr
                                       sig.get_int("q_len"), sig.get_int("group")),
                           {}};
   };
-  spec.launch_shape = [tiles_in_shared_memory](const void* params, const Platform& platform) {
+  spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape = cluster_launch(params, platform);
-    if (tiles_in_shared_memory) shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim);
+    shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim);
     return shape;
   };
   return spec;
@@ -88,11 +88,7 @@ KernelSpec cluster_kernel(const char* name, const char* source, const char* entr
 }  // namespace
 
 KILN_REGISTER_KERNEL(attention_decode_mma_cluster) {
-  return cluster_kernel("attention.decode.mma_cluster", "attention/decode_mma_sm90.cuh", "decode_mma_sm90", Priority::kSpecialized, 16, true);
-}
-
-KILN_REGISTER_KERNEL(attention_decode_split_cluster) {
-  return cluster_kernel("attention.decode.split_cluster", "attention/decode_split_sm90.cuh", "decode_split_sm90", Priority::kPerformant, 8, false);
+  return cluster_kernel("attention.decode.mma_cluster", "attention/decode_mma_sm90.cuh", "decode_mma_sm90", Priority::kSpecialized, 16);
 }
 
 }  // namespace kiln

@@ -244,8 +244,8 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
 }
 
-// Every case runs on each decode kernel that accepts it: the selected one (the tensor-core cluster
-// kernel where it accepts the signature), the CUDA-core cluster kernel, and the reference.
+// Every case runs on each decode kernel that accepts it: the tensor-core cluster kernel and the
+// reference.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
       {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
@@ -259,7 +259,7 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
-  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.split_cluster", "attention.decode.reference"}) {
+  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.reference"}) {
     Registry::global().set_override(decode, kernel);
     int ran = 0;
     for (const auto& c : cases) {
