@@ -133,6 +133,9 @@ struct DecodeFixture {
     KILN_CU_CALL(cuMemsetD32, buffer + 200704, 16, 1);      // cache_seqlens = 16
     args.page_table = TensorView::contiguous(base + 196608, DType::kI32, {1, 4});
     args.cache_seqlens = TensorView::contiguous(base + 200704, DType::kI32, {1});
+    // Both sides run the reference kernel (grid 8 x 1 x 1, one warp per block, no cluster), so the
+    // raw launch below can use the same geometry by hand.
+    Registry::global().set_override({kFamilyAttention, kModeDecode}, "attention.decode.reference");
     mha_decode_with_kvcache(args, nullptr);  // compile + load
     KILN_CU_CALL(cuCtxSynchronize);
     // The same binary, loaded separately for the raw launch.
