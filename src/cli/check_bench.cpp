@@ -166,4 +166,29 @@ int run_bench(const std::string& op_name, const std::string& shape_text, uint64_
   return 0;
 }
 
+int run_manifest(bool bench, const std::string& manifest_name, const std::string& op, int64_t batch, uint64_t seed, double target_ms,
+                 bool as_json) {
+  const Manifest manifest = load_manifest(manifest_name);
+  gpu_platform();  // a clear error before anything is allocated when there is no GPU
+  int worst = 0, ran = 0;
+  for (const auto& sig : manifest.signatures) {
+    if (!op.empty() && operator_name(sig.op()) != op) continue;
+    const std::string shape = tools::shape_for(sig, batch);
+    // The shape must reproduce the manifest's signature exactly, or this checks something else.
+    tools::ShapeArgs args = tools::ShapeArgs::parse(shape);
+    const Signature made = tools::make_problem(operator_name(sig.op()), args, seed)->signature();
+    if (!(made == sig)) {
+      throw Error(ErrorCode::kInternal, fmt::format("shape {} gives {}, not the manifest's {}", shape, made.canonical(), sig.canonical()));
+    }
+    if (!as_json) std::cout << "---\n";
+    const int rc = bench ? run_bench(operator_name(sig.op()), shape, seed, "", target_ms, as_json)
+                         : run_check(operator_name(sig.op()), shape, seed, "", as_json);
+    worst = std::max(worst, rc);
+    ++ran;
+  }
+  if (ran == 0) throw Error(ErrorCode::kInvalidArgument, fmt::format("manifest {} has no {} signature", manifest.model, op.empty() ? "" : op));
+  if (!as_json) std::cout << fmt::format("--- {} signature(s) of {}: {}\n", ran, manifest.model, worst == 0 ? "all passed" : "FAILURES");
+  return worst;
+}
+
 }  // namespace kiln::cli

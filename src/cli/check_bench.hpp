@@ -11,4 +11,10 @@ namespace kiln::cli {
 int run_check(const std::string& op, const std::string& shape, uint64_t seed, const std::string& kernel, bool as_json);
 int run_bench(const std::string& op, const std::string& shape, uint64_t seed, const std::string& kernel, double target_ms, bool as_json);
 
+// Runs check (or bench) for every signature of a manifest (of operator `op`, if not empty), each
+// with a shape that reproduces the signature and `batch` sequences or tokens. Exit status of the
+// worst.
+int run_manifest(bool bench, const std::string& manifest, const std::string& op, int64_t batch, uint64_t seed, double target_ms,
+                 bool as_json);
+
 }  // namespace kiln::cli

@@ -317,14 +317,20 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double target_ms = 300;
   const std::string shape_help = "Sizes and properties as key=value,... (kiln prints the full shape it used)";
+  std::string check_manifest;
+  int64_t manifest_batch = 4;
   auto* check = app.add_subcommand("check", "Run the selected kernel and the reference on random inputs; compare (GPU)");
-  check->add_option("op", op, ops_help)->required();
+  check->add_option("op", op, ops_help + " (with --manifest: only this operator's signatures)");
+  check->add_option("--manifest", check_manifest, "Check every signature of a manifest (file or built-in model)");
+  check->add_option("--batch", manifest_batch, "With --manifest: sequences (attention) or tokens (MoE) per problem (default 4)");
   check->add_option("--shape", shape_text, shape_help);
   check->add_option("--seed", seed, "Seed of the random inputs (default 1)");
   check->add_option("--kernel", kernel_name, "Check this kernel instead of the selected one");
   check->add_flag("--json", as_json, "Machine-readable output");
   auto* bench = app.add_subcommand("bench", "Time the selected kernel with CUDA events on rotated inputs (GPU)");
-  bench->add_option("op", op, ops_help)->required();
+  bench->add_option("op", op, ops_help + " (with --manifest: only this operator's signatures)");
+  bench->add_option("--manifest", check_manifest, "Time every signature of a manifest (file or built-in model)");
+  bench->add_option("--batch", manifest_batch, "With --manifest: sequences (attention) or tokens (MoE) per problem (default 4)");
   bench->add_option("--shape", shape_text, shape_help);
   bench->add_option("--seed", seed, "Seed of the random inputs (default 1)");
   bench->add_option("--kernel", kernel_name, "Time this kernel instead of the selected one");
@@ -366,6 +372,10 @@ int main(int argc, char** argv) {
       std::cout << fmt::format("imported {} entries, {} already present, {} rejected\n", r.imported, r.already_present, r.rejected.size());
       return r.rejected.empty() ? 0 : 6;
     }
+    if ((*check || *bench) && !check_manifest.empty()) {
+      return kiln::cli::run_manifest(static_cast<bool>(*bench), check_manifest, op, manifest_batch, seed, target_ms, as_json);
+    }
+    if ((*check || *bench) && op.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "op: name an operator, or give --manifest");
     if (*check) return kiln::cli::run_check(op, shape_text, seed, kernel_name, as_json);
     if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
     if (*manifests) return cmd_manifests();

@@ -349,7 +349,14 @@ class MoeProblem : public Problem {
     const std::string layout = s.text("layout", "interleaved");
     if (layout != "concat" && layout != "interleaved") throw Error(ErrorCode::kInvalidArgument, "--shape: layout must be concat or interleaved");
     interleaved_ = layout == "interleaved";
-    bias_ = s.flag("bias", true);
+    const std::string bias = s.text("bias", "f32");
+    if (bias != "none" && bias != "f32" && bias != "bf16") throw Error(ErrorCode::kInvalidArgument, "--shape: bias must be none, f32 or bf16");
+    bias_ = bias != "none";
+    bias_bf16_ = bias == "bf16";
+    const std::string logits = s.text("logits", "f32");
+    if (logits != "f32" && logits != "bf16") throw Error(ErrorCode::kInvalidArgument, "--shape: logits must be f32 or bf16");
+    logits_bf16_ = logits == "bf16";
+    renormalize_ = s.flag("renormalize", true);
     if (tokens_ < 1 || hidden_ < 32 || inter_ < 32 || experts_ < 1 || top_k_ < 1 || top_k_ > experts_) {
       throw Error(ErrorCode::kInvalidArgument, "--shape: need tokens >= 1, hidden and inter >= 32, 1 <= top_k <= experts");
     }
@@ -412,8 +419,12 @@ class MoeProblem : public Problem {
       h.topk_ids = ids;
       h.topk_weights.assign(weights.begin(), weights.end());
     } else {
-      for (size_t i = 0; i < T * E; ++i) logits.push_back(2.0f * n01(rng));
+      for (size_t i = 0; i < T * E; ++i) {
+        const float f = 2.0f * n01(rng);
+        logits.push_back(logits_bf16_ ? bf16_to_float(float_to_bf16(f)) : f);
+      }
       h.logits.assign(logits.begin(), logits.end());
+      h.renormalize = renormalize_;
     }
     std::vector<uint16_t> w13, w2;
     std::vector<uint8_t> w13p, w2p, s13, s2;
@@ -437,15 +448,32 @@ class MoeProblem : public Problem {
       w2 = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)), h.w2);
     }
     std::vector<float> b13, b2;
+    std::vector<uint16_t> b13_bits, b2_bits;
     if (bias_) {
       for (size_t i = 0; i < E * 2 * I; ++i) b13.push_back(0.1f * n01(rng));
       for (size_t i = 0; i < E * H; ++i) b2.push_back(0.1f * n01(rng));
+      if (bias_bf16_) {  // store bf16, and give the reference exactly the rounded values
+        for (float& value : b13) {
+          b13_bits.push_back(float_to_bf16(value));
+          value = bf16_to_float(b13_bits.back());
+        }
+        for (float& value : b2) {
+          b2_bits.push_back(float_to_bf16(value));
+          value = bf16_to_float(b2_bits.back());
+        }
+      }
       h.w13_bias.assign(b13.begin(), b13.end());
       h.w2_bias.assign(b2.begin(), b2.end());
     }
-    Set s{DeviceBuffer::from(x), DeviceBuffer(T * H * 2), DeviceBuffer::from(logits), DeviceBuffer::from(ids), DeviceBuffer::from(weights),
-          mxfp4_ ? DeviceBuffer::from(w13p) : DeviceBuffer::from(w13), DeviceBuffer::from(s13), DeviceBuffer::from(b13),
-          mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2), DeviceBuffer::from(s2), DeviceBuffer::from(b2), {}};
+    std::vector<uint16_t> logits_bits;
+    if (logits_bf16_) {
+      for (float f : logits) logits_bits.push_back(float_to_bf16(f));
+    }
+    Set s{DeviceBuffer::from(x), DeviceBuffer(T * H * 2), logits_bf16_ ? DeviceBuffer::from(logits_bits) : DeviceBuffer::from(logits),
+          DeviceBuffer::from(ids), DeviceBuffer::from(weights), mxfp4_ ? DeviceBuffer::from(w13p) : DeviceBuffer::from(w13),
+          DeviceBuffer::from(s13), bias_bf16_ ? DeviceBuffer::from(b13_bits) : DeviceBuffer::from(b13),
+          mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2), DeviceBuffer::from(s2),
+          bias_bf16_ ? DeviceBuffer::from(b2_bits) : DeviceBuffer::from(b2), {}};
     auto& a = s.args;
     const auto t64 = tokens_, h64 = hidden_, i64 = inter_, e64 = experts_;
     a.x = view(s.x, DType::kBF16, {t64, h64});
@@ -454,8 +482,9 @@ class MoeProblem : public Problem {
       a.topk_ids = view(s.ids, DType::kI32, {t64, top_k_});
       a.topk_weights = view(s.weights, DType::kF32, {t64, top_k_});
     } else {
-      a.router_logits = view(s.logits, DType::kF32, {t64, e64});
+      a.router_logits = view(s.logits, logits_bf16_ ? DType::kBF16 : DType::kF32, {t64, e64});
       a.routing = routing_ == 0 ? MoeRouting::kTopkThenSoftmax : MoeRouting::kSoftmaxThenTopk;
+      a.renormalize = renormalize_;
     }
     a.top_k = static_cast<int32_t>(top_k_);
     if (mxfp4_) {
@@ -468,8 +497,9 @@ class MoeProblem : public Problem {
       a.w2 = view(s.w2, DType::kBF16, {e64, h64, i64});
     }
     if (bias_) {
-      a.w13_bias = view(s.w13_bias, DType::kF32, {e64, 2 * i64});
-      a.w2_bias = view(s.w2_bias, DType::kF32, {e64, h64});
+      const DType bias_type = bias_bf16_ ? DType::kBF16 : DType::kF32;
+      a.w13_bias = view(s.w13_bias, bias_type, {e64, 2 * i64});
+      a.w2_bias = view(s.w2_bias, bias_type, {e64, h64});
     }
     a.activation = swiglu_ ? MoeActivation::kSwigluClamped : MoeActivation::kSiluGlu;
     a.gate_up_layout = interleaved_ ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
@@ -492,12 +522,35 @@ class MoeProblem : public Problem {
   uint64_t seed_;
   int64_t tokens_, hidden_, inter_, experts_, top_k_, active_experts_ = 0;
   int routing_;
-  bool mxfp4_, swiglu_, interleaved_, bias_;
+  bool mxfp4_, swiglu_, interleaved_, bias_, bias_bf16_, logits_bf16_, renormalize_;
   reference::MoeProblem host_;
   std::vector<Set> sets_;
 };
 
 }  // namespace
+
+std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
+  const auto& f = sig.fields();
+  auto get = [&](const char* k) { return f.at(k); };
+  const std::string op = operator_name(sig.op());
+  const int64_t group = f.count("group") ? sig.get_int("group") : 1;
+  if (op == "mha_prefill") {
+    return fmt::format("batch={},seqlen=256,heads_kv=2,heads_q={},head_dim={},dtype={},causal={},window={},sinks={},softcap={}",
+                       batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("causal"), get("window") == "1" ? 64 : -1,
+                       get("sinks"), get("softcap") == "1" ? 30 : 0);
+  }
+  if (op == "mha_decode_with_kvcache") {
+    return fmt::format("batch={},context=1000,heads_kv=2,heads_q={},head_dim={},dtype={},kv_dtype={},page_size={},q_len={},window={},sinks={}",
+                       batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("q_len"),
+                       get("window") == "1" ? 100 : -1, get("sinks"));
+  }
+  std::string shape = fmt::format("tokens={},hidden={},inter={},experts={},top_k={},weights={},routing={},activation={},layout={},bias={}",
+                                  batch_or_tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"),
+                                  get("routing"), get("activation"), get("layout"), get("w13_bias"));
+  if (f.count("logits")) shape += ",logits=" + get("logits");
+  if (f.count("renormalize")) shape += ",renormalize=" + get("renormalize");
+  return shape;
+}
 
 std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed) {
   std::unique_ptr<Problem> p;

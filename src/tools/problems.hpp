@@ -54,6 +54,10 @@ class Problem {
 
 std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed);
 
+// A --shape text whose problem has exactly this signature (for kiln check/bench --manifest):
+// modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE), two KV heads.
+std::string shape_for(const Signature& sig, int64_t batch_or_tokens);
+
 // ||a - b|| / ||b||; infinity when any element of `a` is not finite.
 double relative_error(const std::vector<double>& a, const std::vector<double>& b);
 
