@@ -1,6 +1,6 @@
 // Helpers for the GPU tools and tests (kiln check, kiln bench, tests/gpu): a primary context made
-// current, RAII device buffers and events through the driver API (the same dlopen()ed driver kiln
-// uses), and host encodings of the number formats.
+// current, and RAII device buffers and events through the driver API (the same dlopen()ed driver
+// kiln uses).
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/tensor.hpp"
+#include "tools/number_formats.hpp"
 
 namespace kiln::tools {
 
@@ -67,13 +68,6 @@ class Event {
   CUevent event_ = nullptr;
 };
 
-uint16_t float_to_bf16(float f);  // round to nearest even
-float bf16_to_float(uint16_t b);
-uint16_t float_to_f16(float f);
-float f16_to_float(uint16_t h);
-float e4m3_to_float(uint8_t v);
-float e2m1_to_float(uint8_t nibble);
-float e8m0_to_float(uint8_t v);
 
 // Random values of a 16-bit float type: `values` receives what the bits decode to, so the
 // reference computes on exactly what the kernel reads.
