@@ -68,6 +68,12 @@ std::string ShapeArgs::describe() const {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = t == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  return out;
+}
+
 double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < b.size(); ++i) {
@@ -84,12 +90,6 @@ DType half_type(const std::string& name, const char* key) {
   const DType t = parse_dtype(name, key);
   if (t != DType::kBF16 && t != DType::kF16) throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: {} must be bf16 or f16", key));
   return t;
-}
-
-std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType t) {
-  std::vector<double> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = t == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
-  return out;
 }
 
 TensorView view(const DeviceBuffer& b, DType t, std::initializer_list<int64_t> shape) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/registry.hpp"
+#include "kiln/tensor.hpp"
 
 namespace kiln::tools {
 
@@ -58,7 +59,9 @@ std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, u
 // modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE), two KV heads.
 std::string shape_for(const Signature& sig, int64_t batch_or_tokens);
 
-// ||a - b|| / ||b||; infinity when any element of `a` is not finite.
+// ||a - b|| / ||b||; infinity when any element of `a` is not finite (unwritten or broken).
 double relative_error(const std::vector<double>& a, const std::vector<double>& b);
+// Decoded values of bf16 or f16 bits.
+std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype);
 
 }  // namespace kiln::tools

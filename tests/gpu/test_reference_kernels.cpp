@@ -24,6 +24,7 @@
 #include "kiln/warmup.hpp"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"
+#include "tools/problems.hpp"
 
 namespace kiln::test {
 namespace {
@@ -38,23 +39,6 @@ class Gpu : public ::testing::Test {
   }
   std::mt19937 rng{std::random_device{}()};
 };
-
-// ||out - ref|| / ||ref||, with NaN (unwritten or broken) failing outright.
-double relative_error(const std::vector<double>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) return INFINITY;
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype) {
-  std::vector<double> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
-  return out;
-}
 
 // Compares lse where the reference attended something; both must be -inf elsewhere.
 void expect_lse_close(const std::vector<float>& got, const std::vector<double>& ref, const std::string& what) {
