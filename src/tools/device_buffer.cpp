@@ -54,4 +54,18 @@ std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, floa
   return bits;
 }
 
+void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales,
+                  std::vector<double>& values) {
+  std::uniform_int_distribution<int> nibble(0, 15), scale(121, 124);
+  packed.assign(rows * k / 2, 0);
+  scales.assign(rows * k / 32, 0);
+  values.assign(rows * k, 0.0);
+  for (auto& s : scales) s = static_cast<uint8_t>(scale(rng));
+  for (size_t i = 0; i < rows * k; ++i) {
+    const uint8_t v = static_cast<uint8_t>(nibble(rng));
+    packed[i / 2] |= static_cast<uint8_t>(i % 2 ? v << 4 : v);
+    values[i] = static_cast<double>(e2m1_to_float(v)) * e8m0_to_float(scales[i / 32]);
+  }
+}
+
 }  // namespace kiln::tools

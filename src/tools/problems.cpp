@@ -428,21 +428,9 @@ class MoeProblem : public Problem {
     }
     std::vector<uint16_t> w13, w2;
     std::vector<uint8_t> w13p, w2p, s13, s2;
-    auto make_mx = [&](size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales, std::vector<double>& values) {
-      std::uniform_int_distribution<int> nib(0, 15), sc(121, 124);
-      packed.assign(rows * k / 2, 0);
-      scales.assign(rows * k / 32, 0);
-      values.assign(rows * k, 0.0);
-      for (auto& v : scales) v = static_cast<uint8_t>(sc(rng));
-      for (size_t i = 0; i < rows * k; ++i) {
-        const uint8_t v = static_cast<uint8_t>(nib(rng));
-        packed[i / 2] |= static_cast<uint8_t>(i % 2 ? v << 4 : v);
-        values[i] = static_cast<double>(e2m1_to_float(v)) * e8m0_to_float(scales[i / 32]);
-      }
-    };
     if (mxfp4_) {
-      make_mx(E * 2 * I, H, w13p, s13, h.w13);
-      make_mx(E * H, I, w2p, s2, h.w2);
+      random_mxfp4(rng, E * 2 * I, H, w13p, s13, h.w13);
+      random_mxfp4(rng, E * H, I, w2p, s2, h.w2);
     } else {
       w13 = random_half(rng, E * 2 * I * H, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(H)), h.w13);
       w2 = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)), h.w2);

@@ -309,23 +309,9 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   // Weights: bf16 with std 1/sqrt(K-dim), or MXFP4 with random nibbles and scales 2^-6 .. 2^-3.
   std::vector<uint16_t> w13_bits, w2_bits;
   std::vector<uint8_t> w13_packed, w2_packed, w13_scale, w2_scale;
-  auto make_mx = [&](size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales, std::vector<double>& values) {
-    std::uniform_int_distribution<int> nib(0, 15), sc(121, 124);
-    packed.assign(rows * k / 2, 0);
-    scales.assign(rows * k / 32, 0);
-    values.assign(rows * k, 0.0);
-    for (auto& s : scales) s = static_cast<uint8_t>(sc(rng));
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t i = 0; i < k; ++i) {
-        const uint8_t v = static_cast<uint8_t>(nib(rng));
-        packed[(r * k + i) / 2] |= static_cast<uint8_t>(i % 2 ? v << 4 : v);
-        values[r * k + i] = static_cast<double>(e2m1_to_float(v)) * e8m0_to_float(scales[(r * k + i) / 32]);
-      }
-    }
-  };
   if (c.mxfp4) {
-    make_mx(E * 2 * I, H, w13_packed, w13_scale, p.w13);
-    make_mx(E * H, I, w2_packed, w2_scale, p.w2);
+    random_mxfp4(rng, E * 2 * I, H, w13_packed, w13_scale, p.w13);
+    random_mxfp4(rng, E * H, I, w2_packed, w2_scale, p.w2);
   } else {
     w13_bits = random_half(rng, E * 2 * I * H, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(H)), p.w13);
     w2_bits = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)), p.w2);
