@@ -12,6 +12,7 @@
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
 #include "jit/sources.hpp"
+#include "support/signatures.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/ops.hpp"
@@ -27,25 +28,12 @@ std::vector<Signature> representative_signatures() {
   std::vector<Signature> out;
   for (const char* dtype : {"bf16", "f16"}) {
     for (int64_t d : {64, 128}) {
-      Signature p({kFamilyAttention, kModePrefill});
-      p.set("dtype", dtype).set("head_dim", d).set("group", int64_t{8}).set_flag("causal", true);
-      for (const char* f : {"window", "sinks", "softcap", "lse"}) p.set_flag(f, false);
-      out.push_back(p);
-      for (const char* kv : {dtype, "e4m3"}) {
-        Signature s({kFamilyAttention, kModeDecode});
-        s.set("dtype", dtype).set("kv_dtype", kv).set("head_dim", d).set("group", int64_t{8});
-        s.set("page_size", int64_t{16}).set("q_len", int64_t{1});
-        for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
-        out.push_back(s);
-      }
+      out.push_back(test::prefill_signature(dtype, d, 8));
+      for (const char* kv : {dtype, "e4m3"}) out.push_back(test::decode_signature(dtype, kv, d, 8));
     }
   }
   for (const char* weights : {"bf16", "mxfp4"}) {
-    Signature m({kFamilyMoe, kModeApply});
-    m.set("dtype", "bf16").set("weights", weights).set("hidden", int64_t{2880}).set("inter", int64_t{2880});
-    m.set("experts", int64_t{128}).set("top_k", int64_t{4}).set("routing", "topk_softmax").set("logits", "bf16");
-    m.set("activation", "swiglu_clamped").set("layout", "interleaved").set("w13_bias", "f32").set("w2_bias", "f32");
-    out.push_back(m);
+    out.push_back(test::moe_signature(weights, 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   }
   return out;
 }

@@ -6,16 +6,12 @@
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/registry.hpp"
+#include "support/signatures.hpp"
 
 namespace kiln {
 namespace {
 
-Signature prefill_sig(int64_t head_dim, bool causal) {
-  Signature s({kFamilyAttention, kModePrefill});
-  s.set("dtype", "bf16").set("head_dim", head_dim).set("group", int64_t{8}).set_flag("causal", causal);
-  for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
-  return s;
-}
+Signature prefill_sig(int64_t head_dim, bool causal) { return test::prefill_signature("bf16", head_dim, 8, causal); }
 
 TEST(Plugin, LoadsAndWinsWhereItApplies) {
   load_plugin(KILN_TEST_PLUGIN_GOOD);

@@ -24,6 +24,7 @@
 #include "backends/cuda/nvrtc.hpp"
 #include "jit/pipeline.hpp"
 #include "kiln/kiln.hpp"
+#include "support/signatures.hpp"
 
 extern char** environ;
 
@@ -34,26 +35,12 @@ using namespace kiln;
 std::vector<Signature> signatures() {
   std::vector<Signature> out;
   for (const char* dtype : {"bf16", "f16"}) {
-    for (int64_t d : {64, 128}) {
-      Signature p({kFamilyAttention, kModePrefill});
-      p.set("dtype", dtype).set("head_dim", d).set("group", int64_t{8}).set_flag("causal", true);
-      for (const char* f : {"window", "sinks", "softcap", "lse"}) p.set_flag(f, false);
-      out.push_back(p);
-    }
+    for (int64_t d : {64, 128}) out.push_back(test::prefill_signature(dtype, d, 8));
   }
-  for (const char* kv : {"bf16", "e4m3"}) {
-    Signature s({kFamilyAttention, kModeDecode});
-    s.set("dtype", "bf16").set("kv_dtype", kv).set("head_dim", int64_t{kv[0] == 'b' ? 64 : 128}).set("group", int64_t{8});
-    s.set("page_size", int64_t{16}).set("q_len", int64_t{1});
-    for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
-    out.push_back(s);
-  }
+  out.push_back(test::decode_signature("bf16", "bf16", 64, 8));
+  out.push_back(test::decode_signature("bf16", "e4m3", 128, 8));
   for (const char* weights : {"bf16", "mxfp4"}) {
-    Signature m({kFamilyMoe, kModeApply});
-    m.set("dtype", "bf16").set("weights", weights).set("hidden", int64_t{256}).set("inter", int64_t{128});
-    m.set("experts", int64_t{8}).set("top_k", int64_t{2}).set("routing", "topk_softmax").set("logits", "f32");
-    m.set("activation", "silu_glu").set("layout", "concat").set("w13_bias", "none").set("w2_bias", "none");
-    out.push_back(m);
+    out.push_back(test::moe_signature(weights, 256, 128, 8, 2, "f32", "silu_glu", "concat", "none"));
   }
   return out;
 }
