@@ -319,23 +319,21 @@ int main(int argc, char** argv) {
   const std::string shape_help = "Sizes and properties as key=value,... (kiln prints the full shape it used)";
   std::string check_manifest;
   int64_t manifest_batch = 4;
+  // check and bench take the same options; bench adds --time-ms.
+  auto add_run_options = [&](CLI::App* cmd, const char* verb) {
+    cmd->add_option("op", op, ops_help + " (with --manifest: only this operator's signatures)");
+    cmd->add_option("--manifest", check_manifest, fmt::format("{} every signature of a manifest (file or built-in model)", verb));
+    cmd->add_option("--batch", manifest_batch, "With --manifest: sequences (attention) or tokens (MoE) per problem (default 4)");
+    cmd->add_option("--shape", shape_text, shape_help);
+    cmd->add_option("--seed", seed, "Seed of the random inputs (default 1)");
+    cmd->add_option("--kernel", kernel_name, fmt::format("{} this kernel instead of the selected one", verb));
+    cmd->add_flag("--json", as_json, "Machine-readable output");
+  };
   auto* check = app.add_subcommand("check", "Run the selected kernel and the reference on random inputs; compare (GPU)");
-  check->add_option("op", op, ops_help + " (with --manifest: only this operator's signatures)");
-  check->add_option("--manifest", check_manifest, "Check every signature of a manifest (file or built-in model)");
-  check->add_option("--batch", manifest_batch, "With --manifest: sequences (attention) or tokens (MoE) per problem (default 4)");
-  check->add_option("--shape", shape_text, shape_help);
-  check->add_option("--seed", seed, "Seed of the random inputs (default 1)");
-  check->add_option("--kernel", kernel_name, "Check this kernel instead of the selected one");
-  check->add_flag("--json", as_json, "Machine-readable output");
+  add_run_options(check, "Check");
   auto* bench = app.add_subcommand("bench", "Time the selected kernel with CUDA events on rotated inputs (GPU)");
-  bench->add_option("op", op, ops_help + " (with --manifest: only this operator's signatures)");
-  bench->add_option("--manifest", check_manifest, "Time every signature of a manifest (file or built-in model)");
-  bench->add_option("--batch", manifest_batch, "With --manifest: sequences (attention) or tokens (MoE) per problem (default 4)");
-  bench->add_option("--shape", shape_text, shape_help);
-  bench->add_option("--seed", seed, "Seed of the random inputs (default 1)");
-  bench->add_option("--kernel", kernel_name, "Time this kernel instead of the selected one");
+  add_run_options(bench, "Time");
   bench->add_option("--time-ms", target_ms, "Measure for about this long (default 300)");
-  bench->add_flag("--json", as_json, "Machine-readable output");
 
   std::string manifest_name, targets_text = "sm_90a";
   int jobs = 0;
