@@ -19,10 +19,19 @@ namespace kiln {
 // KILN_COMPILE_TIMEOUT_S=SECONDS set the same from the environment.
 enum class CompileIsolation { kWorkerProcess, kInProcess };
 
+// Which compiler builds AMD kernels (KILN_AMD_COMPILER=auto|hiprtc|clang).
+//   kAuto: hipRTC when its ROCm release knows the target, else the offline clang.
+//   kHiprtc: only hipRTC; a target it does not know is an error (kUnsupported).
+//   kClang: only clang (20 or newer; KILN_CLANG names the binary). A fleet whose cache was
+//     warmed by clang on a build box runs with this, and the same clang release: the key records
+//     the compiler, so binaries of another compiler are not taken for them.
+enum class AmdCompiler { kAuto, kHiprtc, kClang };
+
 struct JitSettings {
   CompileIsolation isolation = CompileIsolation::kWorkerProcess;
   std::string worker_path;        // empty: next to libkiln (../libexec/kiln/kiln-compile-worker)
-  double timeout_seconds = 300;   // worker only
+  double timeout_seconds = 300;   // worker, and the offline clang
+  AmdCompiler amd_compiler = AmdCompiler::kAuto;
 };
 
 JitSettings jit_settings();
@@ -31,12 +40,12 @@ void set_jit_settings(const JitSettings& settings);
 struct CompiledKernel {
   std::string kernel;          // registered kernel name
   std::string signature;       // canonical
-  std::string target;          // "sm_90a"
+  std::string target;          // "sm_90a", "gfx942"
   std::string key;             // 32 hex digits (XXH3-128)
   std::string name_expression;
   std::string lowered_name;
   std::string compiler;        // compiler identity
-  std::vector<uint8_t> binary; // CUBIN
+  std::vector<uint8_t> binary; // CUBIN, or an AMD code object
   double compile_ms = 0;
   // "compiled", "disk" (the cache), "seed" (a seed database), or "memory" (an earlier call in this
   // process produced the same binary, e.g. for another signature that specializes identically)

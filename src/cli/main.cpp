@@ -125,9 +125,9 @@ int cmd_compile(const std::string& op, const std::string& sig_text, const std::s
                      .dump(2)
               << "\n";
   } else {
-    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes (CUBIN){}\norigin   {}\ntime     {:.0f} ms (compile)\n",
+    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes ({}){}\norigin   {}\ntime     {:.0f} ms (compile)\n",
                              k.kernel, k.signature, k.target, k.key, k.lowered_name, k.compiler, k.binary.size(),
-                             output.empty() ? "" : " -> " + output, k.origin, k.compile_ms);
+                             k.target.rfind("gfx", 0) == 0 ? "AMD code object" : "CUBIN", output.empty() ? "" : " -> " + output, k.origin, k.compile_ms);
   }
   return 0;
 }
@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
   compile->add_option("op", op, ops_help)->required();
   compile->add_option("--sig", sig, "Signature as key=value,...")->required();
   compile->add_option("--target", target, "Arch to compile for (default: the first GPU)");
-  compile->add_option("-o,--output", output, "Write the binary (CUBIN) to this file");
+  compile->add_option("-o,--output", output, "Write the binary (CUBIN, or AMD code object) to this file");
   compile->add_flag("--json", as_json, "Machine-readable output");
 
   std::string cache_dir, file, kernel_filter;

@@ -1,5 +1,6 @@
 #include "jit/compile_request.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.hpp"
@@ -7,6 +8,15 @@
 namespace kiln::detail {
 
 using nlohmann::json;
+
+const char* compiler_kind_name(CompilerKind kind) {
+  switch (kind) {
+    case CompilerKind::kNvrtc: return "nvrtc";
+    case CompilerKind::kHiprtc: return "hiprtc";
+    case CompilerKind::kClang: return "clang";
+  }
+  return "unknown";
+}
 
 std::vector<uint8_t> encode_request(const CompileRequest& r) {
   json j;
@@ -25,7 +35,11 @@ CompileRequest decode_request(const std::vector<uint8_t>& bytes) {
   try {
     const json j = json::from_cbor(bytes);
     CompileRequest r;
-    r.compiler = static_cast<CompilerKind>(j.at("compiler").get<int>());
+    const int compiler = j.at("compiler").get<int>();
+    if (compiler < 0 || compiler > static_cast<int>(CompilerKind::kClang)) {
+      throw Error(ErrorCode::kInternal, fmt::format("malformed compile request: unknown compiler {}", compiler));
+    }
+    r.compiler = static_cast<CompilerKind>(compiler);
     r.kernel_name = j.at("kernel_name").get<std::string>();
     r.source_name = j.at("source_name").get<std::string>();
     r.source = j.at("source").get<std::string>();

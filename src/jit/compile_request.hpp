@@ -9,7 +9,9 @@
 
 namespace kiln::detail {
 
-enum class CompilerKind { kNvrtc };
+// Which compiler runs a request: NVRTC for NVIDIA targets; hipRTC or an offline clang for AMD.
+enum class CompilerKind { kNvrtc = 0, kHiprtc = 1, kClang = 2 };
+const char* compiler_kind_name(CompilerKind kind);  // "nvrtc", "hiprtc", "clang"
 
 struct CompileRequest {
   CompilerKind compiler = CompilerKind::kNvrtc;
@@ -19,14 +21,14 @@ struct CompileRequest {
   std::vector<std::pair<std::string, std::string>> headers;  // include name -> text
   std::string name_expression;  // "kiln::prefill_reference<kiln::bf16, 128>"
   std::vector<std::string> options;  // without the target
-  std::string target;           // "sm_90a"
+  std::string target;           // "sm_90a", "gfx942", "gfx950:sramecc+:xnack-"
   // Labels for the cache index and messages; not compiler inputs, not part of the key.
   std::string op;               // "mha_prefill"
   std::string signature;        // canonical signature
 };
 
 struct CompileResult {
-  std::vector<uint8_t> binary;  // CUBIN
+  std::vector<uint8_t> binary;  // CUBIN, or an AMD code object (ELF)
   std::string lowered_name;
   std::string log;
   double compile_ms = 0;

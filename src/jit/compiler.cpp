@@ -13,11 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/nvrtc.hpp"
+#include "backends/hip/hiprtc.hpp"
+#include "backends/hip/offline_clang.hpp"
 #include "cache/kernel_cache.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
@@ -47,6 +50,17 @@ JitSettings detail::jit_settings_from_environment() {
     }
   }
   if (auto worker = detail::env_string("KILN_COMPILE_WORKER")) s.worker_path = *worker;
+  if (auto amd = detail::env_string("KILN_AMD_COMPILER")) {
+    if (*amd == "auto") {
+      s.amd_compiler = AmdCompiler::kAuto;
+    } else if (*amd == "hiprtc") {
+      s.amd_compiler = AmdCompiler::kHiprtc;
+    } else if (*amd == "clang") {
+      s.amd_compiler = AmdCompiler::kClang;
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_AMD_COMPILER='{}' must be 'auto', 'hiprtc' or 'clang'", *amd));
+    }
+  }
   if (auto timeout = detail::env_int("KILN_COMPILE_TIMEOUT_S")) {
     if (*timeout <= 0) throw Error(ErrorCode::kInvalidArgument, "KILN_COMPILE_TIMEOUT_S must be > 0");
     s.timeout_seconds = static_cast<double>(*timeout);
@@ -110,22 +124,69 @@ std::string default_worker_path() {
   return (lib_dir / ".." / "libexec" / "kiln" / "kiln-compile-worker").lexically_normal().string();
 }
 
+namespace {
+
+// Computing an identity loads the compiler and may compile a probe or run it (tens of ms). The
+// cache remembers it per compiler file, so a warm process finds its kernels without loading the
+// compiler at all.
+std::string remembered_identity(const std::optional<std::string>& fingerprint, const std::string& (*compute)()) {
+  KernelCache& cache = KernelCache::process();
+  const std::string memo = fingerprint ? "compiler-identity " + *fingerprint : "";
+  if (fingerprint) {
+    if (auto known = cache.meta_get(memo)) return *known;
+  }
+  std::string computed = compute();
+  if (fingerprint) cache.meta_put(memo, computed);
+  return computed;
+}
+
+}  // namespace
+
 const std::string& compiler_identity(CompilerKind kind) {
-  if (kind != CompilerKind::kNvrtc) throw Error(ErrorCode::kInternal, "unknown compiler kind");
-  // Computing the identity loads NVRTC and compiles a probe (tens of ms). The cache remembers it
-  // per library file, so a warm process finds its kernels without loading the compiler at all.
-  static const std::string identity = [] {
-    const auto library = cuda::nvrtc_library_fingerprint();
-    KernelCache& cache = KernelCache::process();
-    const std::string memo = library ? "compiler-identity " + *library : "";
-    if (library) {
-      if (auto known = cache.meta_get(memo)) return *known;
+  switch (kind) {
+    case CompilerKind::kNvrtc: {
+      static const std::string identity = remembered_identity(cuda::nvrtc_library_fingerprint(), &cuda::nvrtc_identity);
+      return identity;
     }
-    std::string computed = cuda::nvrtc_identity();
-    if (library) cache.meta_put(memo, computed);
-    return computed;
-  }();
-  return identity;
+    case CompilerKind::kHiprtc: {
+      static const std::string identity = remembered_identity(hip::hiprtc_library_fingerprint(), &hip::hiprtc_identity);
+      return identity;
+    }
+    case CompilerKind::kClang: {
+      static const std::string identity = remembered_identity(hip::clang_fingerprint(), &hip::clang_identity);
+      return identity;
+    }
+  }
+  throw Error(ErrorCode::kInternal, "unknown compiler kind");
+}
+
+CompilerKind compiler_for(const Platform& platform, const JitSettings& settings) {
+  if (platform.vendor == Vendor::kNvidia) return CompilerKind::kNvrtc;
+  std::string no_clang;
+  switch (settings.amd_compiler) {
+    case AmdCompiler::kHiprtc:
+      if (auto why = hip::hiprtc_refuses(platform.arch)) throw Error(ErrorCode::kUnsupported, *why);
+      return CompilerKind::kHiprtc;
+    case AmdCompiler::kClang:
+      if (!hip::find_clang(&no_clang)) throw Error(ErrorCode::kUnsupported, no_clang);
+      return CompilerKind::kClang;
+    case AmdCompiler::kAuto: {
+      const auto no_hiprtc = hip::hiprtc_refuses(platform.arch);
+      if (!no_hiprtc) return CompilerKind::kHiprtc;
+      if (hip::find_clang(&no_clang)) return CompilerKind::kClang;
+      throw Error(ErrorCode::kUnsupported, fmt::format("no compiler for {}: {}; and {}", platform.arch, *no_hiprtc, no_clang));
+    }
+  }
+  throw Error(ErrorCode::kInternal, "unknown AMD compiler setting");
+}
+
+CompileResult compile_in_this_process(const CompileRequest& request, double timeout_seconds) {
+  switch (request.compiler) {
+    case CompilerKind::kNvrtc: return cuda::nvrtc_compile(request);
+    case CompilerKind::kHiprtc: return hip::hiprtc_compile(request);
+    case CompilerKind::kClang: return hip::clang_compile(request, timeout_seconds);
+  }
+  throw Error(ErrorCode::kInternal, "unknown compiler kind");
 }
 
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
@@ -240,7 +301,7 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
 }
 
 CompileResult compile(const CompileRequest& request, const JitSettings& settings) {
-  if (settings.isolation == CompileIsolation::kInProcess) return cuda::nvrtc_compile(request);
+  if (settings.isolation == CompileIsolation::kInProcess) return compile_in_this_process(request, settings.timeout_seconds);
   const std::string worker = settings.worker_path.empty() ? default_worker_path() : settings.worker_path;
   return compile_in_worker(request, worker, settings.timeout_seconds);
 }

@@ -13,6 +13,12 @@ CompileResult compile(const CompileRequest& request, const JitSettings& settings
 // crashes, hangs past the limit or reports a compile error.
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
                                 double timeout_seconds);
+// The compiler for a platform's target: NVRTC for NVIDIA; for AMD as JitSettings::amd_compiler
+// says. Throws kiln::Error(kUnsupported) saying why no compiler can build the target.
+CompilerKind compiler_for(const Platform& platform, const JitSettings& settings);
+// The request's compiler run here, not in a worker (clang still runs as a child process, under
+// `timeout_seconds`).
+CompileResult compile_in_this_process(const CompileRequest& request, double timeout_seconds);
 // The compiler identity a key records for this request's compiler.
 const std::string& compiler_identity(CompilerKind kind);
 // KILN_COMPILE_ISOLATION, KILN_COMPILE_WORKER and KILN_COMPILE_TIMEOUT_S, read now (jit_settings()

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "backends/cuda/device.hpp"
+#include "backends/hip/runtime.hpp"
 #include "cache/kernel_cache.hpp"
 #include "cache/key_lock.hpp"
 #include "jit/compiler.hpp"
@@ -23,10 +24,15 @@
 namespace kiln::detail {
 namespace {
 
-// Options every kiln compile uses; they are part of the key like any other option.
-const std::vector<std::string>& base_options() {
-  static const std::vector<std::string> options = {"-std=c++17", "-DKILN_NVRTC=1"};
-  return options;
+// Options every kiln compile uses, per compiler; they are part of the key like any other option.
+// The KILN_<compiler> macro selects the prelude's half for that compiler.
+std::vector<std::string> base_options(CompilerKind compiler) {
+  switch (compiler) {
+    case CompilerKind::kNvrtc: return {"-std=c++17", "-DKILN_NVRTC=1"};
+    case CompilerKind::kHiprtc: return {"-std=c++17", "-O3", "-DKILN_HIPRTC=1"};
+    case CompilerKind::kClang: return {"-std=c++17", "-O3", "-DKILN_HIP_CLANG=1"};
+  }
+  throw Error(ErrorCode::kInternal, "unknown compiler kind");
 }
 
 struct CompileTable {
@@ -38,24 +44,40 @@ CompileTable& compile_table() {
   return t;
 }
 
-// The in-process hit path: one loaded kernel per (context, call key), valid while the registry
-// generation it was selected under is current.
+// The in-process hit path: one loaded kernel per (launch scope, call key), valid while the
+// registry generation it was selected under is current. The scope is the CUDA context, or for
+// AMD the device (its Platform, whose address is stable).
 struct LoadedKey {
-  CUcontext context;
+  const void* scope;
   CallKey call;
   bool operator==(const LoadedKey&) const = default;
 };
 struct LoadedKeyHash {
   size_t operator()(const LoadedKey& k) const {
     return static_cast<size_t>(XXH3_64bits_withSeed(k.call.fields.data(), sizeof(k.call.fields),
-                                                     reinterpret_cast<uintptr_t>(k.context) ^ static_cast<uint64_t>(k.call.op)));
+                                                     reinterpret_cast<uintptr_t>(k.scope) ^ static_cast<uint64_t>(k.call.op)));
   }
 };
 struct LoadedKernel {
   std::shared_ptr<const KernelSpec> spec;
   const Platform* platform;
-  cuda::LoadedFunction function;
+  Vendor vendor;
+  cuda::LoadedFunction cuda_function;
+  hip::LoadedFunction hip_function;
   uint64_t registry_generation;
+
+  bool loaded() const { return cuda_function.function != nullptr || hip_function.function != nullptr; }
+  void load(const CompiledBinary& b) {
+    if (vendor == Vendor::kNvidia) {
+      cuda_function = cuda::load_function(b.result.binary, b.result.lowered_name, spec->name);
+    } else {
+      hip_function = hip::load_function(platform->device_index, b.result.binary, b.result.lowered_name, spec->name);
+    }
+  }
+  void unload() const {
+    if (vendor == Vendor::kNvidia) cuda::unload(cuda_function);
+    else hip::unload(hip_function);
+  }
 };
 struct LoadedTable {
   std::shared_mutex mutex;
@@ -66,48 +88,80 @@ LoadedTable& loaded_table() {
   return t;
 }
 
-// The miss path: select, specialize, compile (or reuse the binary), load into the context.
-std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, cuda::Device& dev, CUcontext context) {
+// The miss path: select, specialize, compile (or reuse the binary), load into the scope.
+std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, const Platform& platform, const void* scope) {
   const Signature sig = call.make_signature(call.args);
   capture_signature(sig);
   auto loaded = std::make_shared<LoadedKernel>();
   loaded->registry_generation = Registry::global().generation();
-  loaded->spec = Registry::global().select(sig, dev.platform);
-  loaded->platform = &dev.platform;
+  loaded->spec = Registry::global().select(sig, platform);
+  loaded->platform = &platform;
+  loaded->vendor = platform.vendor;
   // The first load doubles as the check that decides whether a binary is published (or, from
   // the cache, kept).
-  const std::string& name = loaded->spec->name;
-  const auto binary = get_or_compile(build_request(*loaded->spec, sig, dev.platform), [&](const CompiledBinary& b) {
-    loaded->function = cuda::load_function(b.result.binary, b.result.lowered_name, name);
-  });
-  if (loaded->function.function == nullptr) {
-    loaded->function = cuda::load_function(binary->result.binary, binary->result.lowered_name, name);
-  }
+  const auto binary = get_or_compile(build_request(*loaded->spec, sig, platform), [&](const CompiledBinary& b) { loaded->load(b); });
+  if (!loaded->loaded()) loaded->load(*binary);
   LoadedTable& table = loaded_table();
   std::unique_lock lock(table.mutex);
-  auto& slot = table.entries[LoadedKey{context, call.key}];
+  auto& slot = table.entries[LoadedKey{scope, call.key}];
   if (slot && slot->registry_generation == loaded->registry_generation) {
-    cuda::unload(loaded->function);  // a racing thread loaded it first
+    loaded->unload();  // a racing thread loaded it first
     return slot;
   }
   slot = loaded;
   return loaded;
 }
 
+std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, const Platform& platform, const void* scope) {
+  LoadedTable& table = loaded_table();
+  std::shared_ptr<const LoadedKernel> kernel;
+  {
+    std::shared_lock lock(table.mutex);
+    auto it = table.entries.find(LoadedKey{scope, call.key});
+    if (it != table.entries.end()) kernel = it->second;
+  }
+  if (!kernel || kernel->registry_generation != Registry::global().generation()) {
+    kernel = load_kernel(call, platform, scope);
+  }
+  return kernel;
+}
+
+// The vendor whose GPUs this process launches on: NVIDIA when the CUDA driver reports a GPU,
+// else AMD when the HIP runtime does. Decided at the first launch.
+Vendor launch_vendor() {
+  static const Vendor vendor = [] {
+    std::string nvidia_reason;
+    try {
+      if (cuda::device_count() > 0) return Vendor::kNvidia;
+      nvidia_reason = "the NVIDIA driver reports no GPU";
+    } catch (const Error& e) {
+      nvidia_reason = e.message();
+    }
+    try {
+      if (hip::device_count() > 0) return Vendor::kAmd;
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kDriverError, fmt::format("no GPU to launch on: {}; {}", nvidia_reason, e.message()));
+    }
+    throw Error(ErrorCode::kDriverError, fmt::format("no GPU to launch on: {}; the HIP runtime reports no GPU", nvidia_reason));
+  }();
+  return vendor;
+}
+
 }  // namespace
 
 CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const Platform& platform) {
-  if (spec.backend != Backend::kCuda) {
-    throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}': the {} backend is not built in this kiln",
-                                                     spec.name, backend_name(spec.backend)));
+  const Backend platform_backend = platform.vendor == Vendor::kNvidia ? Backend::kCuda : Backend::kHip;
+  if (spec.backend != platform_backend) {
+    throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' is a {} kernel; target {} needs a {} one", spec.name,
+                                                     backend_name(spec.backend), platform.arch, backend_name(platform_backend)));
   }
   const Specialization s = spec.specialize(sig, platform);
   CompileRequest r;
-  r.compiler = CompilerKind::kNvrtc;
+  r.compiler = compiler_for(platform, jit_settings());
   r.kernel_name = spec.name;
   r.target = platform.arch;
   r.name_expression = s.name_expression;
-  r.options = base_options();
+  r.options = base_options(r.compiler);
   r.options.insert(r.options.end(), s.options.begin(), s.options.end());
   // Built-in kernels are headers of templates: the program includes the header and NVRTC
   // instantiates the name expression. Plugin kernels bring their whole program as text.
@@ -175,7 +229,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   row.op = request.op;
   row.signature = request.signature;
   row.target = request.target;
-  row.backend = "cuda";
+  row.backend = request.compiler == CompilerKind::kNvrtc ? "cuda" : "hip";
   row.compiler = identity;
   row.options = fmt::format("{}", fmt::join(request.options, " "));
   row.entry = binary->result.lowered_name;
@@ -221,19 +275,17 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
 }
 
 void run_operator(const OperatorCall& call) {
+  if (launch_vendor() == Vendor::kAmd) {
+    const Platform& platform = hip::device_platform(call.device);
+    const auto kernel = find_loaded(call, platform, &platform);
+    hip::launch(call.device, kernel->hip_function.function, kernel->spec->launch_shape(call.params, platform), call.params,
+                call.stream, kernel->spec->name);
+    return;
+  }
   cuda::Device& dev = cuda::device(call.device);
   cuda::ScopedContext context(dev);
-  LoadedTable& table = loaded_table();
-  std::shared_ptr<const LoadedKernel> kernel;
-  {
-    std::shared_lock lock(table.mutex);
-    auto it = table.entries.find(LoadedKey{context.get(), call.key});
-    if (it != table.entries.end()) kernel = it->second;
-  }
-  if (!kernel || kernel->registry_generation != Registry::global().generation()) {
-    kernel = load_kernel(call, dev, context.get());
-  }
-  cuda::launch(kernel->function.function, kernel->spec->launch_shape(call.params, *kernel->platform), call.params,
+  const auto kernel = find_loaded(call, dev.platform, context.get());
+  cuda::launch(kernel->cuda_function.function, kernel->spec->launch_shape(call.params, dev.platform), call.params,
                call.stream, kernel->spec->name);
 }
 

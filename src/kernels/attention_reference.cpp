@@ -4,6 +4,7 @@
 #include "attention/params.h"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
+#include "kernels/portable_kernel.hpp"
 
 namespace kiln {
 namespace {
@@ -39,9 +40,7 @@ Requirements any_nvidia_since_ampere() {
   return r;
 }
 
-}  // namespace
-
-KILN_REGISTER_KERNEL(attention_prefill_reference) {
+KernelSpec prefill_reference_spec() {
   KernelSpec spec;
   spec.name = "attention.prefill.reference";
   spec.family = kFamilyAttention;
@@ -70,7 +69,7 @@ KILN_REGISTER_KERNEL(attention_prefill_reference) {
   return spec;
 }
 
-KILN_REGISTER_KERNEL(attention_decode_reference) {
+KernelSpec decode_reference_spec() {
   KernelSpec spec;
   spec.name = "attention.decode.reference";
   spec.family = kFamilyAttention;
@@ -101,5 +100,12 @@ KILN_REGISTER_KERNEL(attention_decode_reference) {
   };
   return spec;
 }
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(attention_prefill_reference) { return prefill_reference_spec(); }
+KILN_REGISTER_KERNEL(attention_prefill_reference_amd) { return detail::amd_registration(prefill_reference_spec()); }
+KILN_REGISTER_KERNEL(attention_decode_reference) { return decode_reference_spec(); }
+KILN_REGISTER_KERNEL(attention_decode_reference_amd) { return detail::amd_registration(decode_reference_spec()); }
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
+#include "kernels/portable_kernel.hpp"
 #include "moe/params.h"
 
 namespace kiln {
@@ -12,9 +13,7 @@ constexpr int kMaxTopK = 32;  // kMoeMaxTopK in moe_reference.cuh
 
 int bias_kind(const std::string& bias) { return bias == "none" ? 0 : bias == "f32" ? 1 : 2; }
 
-}  // namespace
-
-KILN_REGISTER_KERNEL(moe_apply_reference) {
+KernelSpec moe_reference_spec() {
   KernelSpec spec;
   spec.name = "moe.apply.reference";
   spec.family = kFamilyMoe;
@@ -50,7 +49,7 @@ KILN_REGISTER_KERNEL(moe_apply_reference) {
                          2 * kMaxTopK * sizeof(float);
     if (bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported,
-                  fmt::format("moe.apply.reference needs {} bytes of shared memory for H = {}, I = {}; {} allows {}",
+                  fmt::format("the reference MoE kernel needs {} bytes of shared memory for H = {}, I = {}; {} allows {}",
                               bytes, p.hidden, p.intermediate, platform.arch, platform.shared_memory_per_block));
     }
     shape.dynamic_shared_bytes = static_cast<uint32_t>(bytes);
@@ -58,5 +57,10 @@ KILN_REGISTER_KERNEL(moe_apply_reference) {
   };
   return spec;
 }
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(moe_apply_reference) { return moe_reference_spec(); }
+KILN_REGISTER_KERNEL(moe_apply_reference_amd) { return detail::amd_registration(moe_reference_spec()); }
 
 }  // namespace kiln

@@ -7,7 +7,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/cuda/nvrtc.hpp"
 #include "jit/compile_request.hpp"
 #include "jit/compiler.hpp"
 #include "kiln/error.hpp"
@@ -33,7 +32,9 @@ int main() {
   std::vector<uint8_t> reply;
   try {
     const kiln::detail::CompileRequest request = kiln::detail::decode_request(input);
-    kiln::detail::CompileResult result = kiln::detail::cuda::nvrtc_compile(request);
+    // The parent enforces the time limit on this whole process; clang's own limit is only a
+    // backstop.
+    kiln::detail::CompileResult result = kiln::detail::compile_in_this_process(request, 24 * 3600.0);
     reply = kiln::detail::encode_result(result);
     reply.insert(reply.begin(), kiln::detail::kWorkerOk);
   } catch (const kiln::Error& e) {

@@ -184,36 +184,3 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
 
 
 }  // namespace kiln::detail::cuda
-
-namespace kiln {
-
-DeviceReport detect_devices() {
-  DeviceReport report;
-  if (!detail::cuda::driver_available()) {
-    try {
-      detail::cuda::driver_symbol("cuInit");
-    } catch (const Error& e) {
-      report.notes.emplace_back(e.what());
-    }
-    return report;
-  }
-  int count = 0;
-  try {
-    count = detail::cuda::device_count();
-  } catch (const Error& e) {
-    report.notes.emplace_back(e.what());
-    return report;
-  }
-  if (count == 0) report.notes.emplace_back("the NVIDIA driver is loaded but reports no GPU");
-  for (int i = 0; i < count; ++i) {
-    try {
-      report.devices.push_back(detail::cuda::device(i).platform);
-    } catch (const Error& e) {
-      report.notes.emplace_back(fmt::format("GPU {}: {}", i, e.what()));
-    }
-  }
-  report.notes.emplace_back("AMD GPUs: not detected by this build (the HIP backend is not built yet)");
-  return report;
-}
-
-}  // namespace kiln

@@ -1,0 +1,222 @@
+#include "backends/hip/runtime.hpp"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/dynamic_library.hpp"
+#include "core/env.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail::hip {
+namespace {
+
+// The C ABI of the few HIP entry points kiln calls (hip_runtime_api.h, ROCm 5 and newer).
+using hipError_t = int;
+constexpr hipError_t kHipSuccess = 0;
+using GetErrorString = const char* (*)(hipError_t);
+using GetErrorName = const char* (*)(hipError_t);
+using GetDeviceCount = hipError_t (*)(int*);
+using SetDevice = hipError_t (*)(int);
+using GetDeviceProperties = hipError_t (*)(void*, int);
+using ModuleLoadData = hipError_t (*)(void**, const void*);
+using ModuleGetFunction = hipError_t (*)(void**, void*, const char*);
+using ModuleUnload = hipError_t (*)(void*);
+using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                          unsigned, void*, void**, void**);
+
+// hipDeviceProp_t as ROCm 5 laid it out. ROCm 6 changed the struct but kept this layout under
+// hipGetDevicePropertiesR0000, so kiln asks for it by that name first. Offsets are checked
+// against ROCm's own header by tests/test_hip_backend.cpp where the header is installed.
+struct PropsLayoutR0000 {
+  static constexpr size_t kSize = 792;
+  static constexpr size_t kName = 0;                  // char[256]
+  static constexpr size_t kSharedMemPerBlock = 264;   // size_t
+  static constexpr size_t kWarpSize = 276;            // int
+  static constexpr size_t kMultiProcessorCount = 336; // int
+  static constexpr size_t kL2CacheSize = 340;         // int
+  static constexpr size_t kGcnArchName = 396;         // char[256]
+};
+
+struct RuntimeLibrary {
+  std::unique_ptr<DynamicLibrary> library;
+  std::string failure;
+};
+
+const RuntimeLibrary& runtime_library() {
+  static const RuntimeLibrary lib = [] {
+    RuntimeLibrary l;
+    std::vector<std::string> candidates;
+    if (auto path = env_string("KILN_LIBAMDHIP64")) {
+      candidates = {*path};
+    } else {
+      std::vector<std::string> dirs;
+      if (auto root = env_string("ROCM_PATH")) dirs.push_back(*root + "/lib/");
+      dirs.push_back("/opt/rocm/lib/");
+      dirs.push_back("");
+      for (const char* soname : {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"}) {
+        for (const auto& dir : dirs) candidates.push_back(dir + soname);
+      }
+    }
+    try {
+      l.library = std::make_unique<DynamicLibrary>("the HIP runtime (libamdhip64)", candidates);
+    } catch (const Error& e) {
+      l.failure = e.message();
+    }
+    return l;
+  }();
+  return lib;
+}
+
+void* runtime_symbol(const char* name) {
+  const RuntimeLibrary& lib = runtime_library();
+  if (!lib.library) {
+    throw Error(ErrorCode::kDriverError, fmt::format("{} needs the HIP runtime, which is not available: {}", name, lib.failure));
+  }
+  return lib.library->symbol(name);
+}
+
+template <typename Fn>
+Fn resolve(const char* name) {
+  return reinterpret_cast<Fn>(runtime_symbol(name));
+}
+#define KILN_HIP_FN(type, name)                                 \
+  ([]() {                                                       \
+    static const auto resolved = resolve<type>(name);           \
+    return resolved;                                            \
+  }())
+
+std::string describe(hipError_t status) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  try {
+    name = KILN_HIP_FN(GetErrorName, "hipGetErrorName")(status);
+    text = KILN_HIP_FN(GetErrorString, "hipGetErrorString")(status);
+  } catch (const Error&) {
+  }
+  const std::string label = name ? name : fmt::format("hipError_t {}", status);
+  if (text == nullptr || label == text) return label;
+  return fmt::format("{} ({})", label, text);
+}
+
+void check(hipError_t status, const char* call) {
+  if (status != kHipSuccess) throw Error(ErrorCode::kDriverError, fmt::format("{} failed: {}", call, describe(status)));
+}
+
+GetDeviceProperties properties_entry() {
+  const RuntimeLibrary& lib = runtime_library();
+  if (lib.library) {
+    try {
+      return reinterpret_cast<GetDeviceProperties>(lib.library->symbol("hipGetDevicePropertiesR0000"));
+    } catch (const Error&) {
+      // ROCm 5: the plain name has this layout.
+    }
+  }
+  return resolve<GetDeviceProperties>("hipGetDeviceProperties");
+}
+
+template <typename T>
+T field(const std::vector<uint8_t>& props, size_t offset) {
+  T value;
+  std::memcpy(&value, props.data() + offset, sizeof(T));
+  return value;
+}
+
+std::string string_field(const std::vector<uint8_t>& props, size_t offset) {
+  const auto* text = reinterpret_cast<const char*>(props.data() + offset);
+  return std::string(text, strnlen(text, 256));
+}
+
+void set_device(int index) { check(KILN_HIP_FN(SetDevice, "hipSetDevice")(index), "hipSetDevice"); }
+
+}  // namespace
+
+std::string runtime_library_path() {
+  runtime_symbol("hipGetDeviceCount");
+  return runtime_library().library->path();
+}
+
+int device_count() {
+  // No hipInit first: the runtime initializes itself, and without a GPU hipInit reports a vague
+  // hipErrorInvalidDevice where hipGetDeviceCount says hipErrorNoDevice.
+  int count = 0;
+  check(KILN_HIP_FN(GetDeviceCount, "hipGetDeviceCount")(&count), "hipGetDeviceCount");
+  return count;
+}
+
+const Platform& device_platform(int index) {
+  static std::mutex mutex;
+  static std::map<int, Platform> platforms;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = platforms.find(index);
+    if (it != platforms.end()) return it->second;
+  }
+  const int count = device_count();
+  if (index < 0 || index >= count) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("device: index {} is out of range; this process sees {} AMD GPU(s)", index, count));
+  }
+  std::vector<uint8_t> props(PropsLayoutR0000::kSize + 1024, 0);  // slack: never write past our buffer
+  check(properties_entry()(props.data(), index), "hipGetDeviceProperties");
+  const std::string arch = string_field(props, PropsLayoutR0000::kGcnArchName);
+  Platform p = platform_for_target(arch);  // unknown arch: error naming the known ones
+  p.multiprocessor_count = field<int>(props, PropsLayoutR0000::kMultiProcessorCount);
+  p.shared_memory_per_block = field<size_t>(props, PropsLayoutR0000::kSharedMemPerBlock);
+  p.l2_bytes = static_cast<size_t>(field<int>(props, PropsLayoutR0000::kL2CacheSize));
+  p.warp_size = field<int>(props, PropsLayoutR0000::kWarpSize);
+  p.device_name = string_field(props, PropsLayoutR0000::kName);
+  p.detected = true;
+  p.device_index = index;
+  std::lock_guard<std::mutex> lock(mutex);
+  return platforms.emplace(index, std::move(p)).first->second;
+}
+
+LoadedFunction load_function(int index, const std::vector<uint8_t>& code_object, const std::string& lowered_name,
+                             const std::string& kernel_name) {
+  set_device(index);
+  LoadedFunction f;
+  const hipError_t loaded = KILN_HIP_FN(ModuleLoadData, "hipModuleLoadData")(&f.module, code_object.data());
+  if (loaded != kHipSuccess) {
+    throw Error(ErrorCode::kDriverError, fmt::format("hipModuleLoadData failed for kernel '{}' ({} bytes): {}", kernel_name,
+                                                     code_object.size(), describe(loaded)));
+  }
+  const hipError_t found = KILN_HIP_FN(ModuleGetFunction, "hipModuleGetFunction")(&f.function, f.module, lowered_name.c_str());
+  if (found != kHipSuccess) {
+    KILN_HIP_FN(ModuleUnload, "hipModuleUnload")(f.module);
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("kernel '{}': entry {} not found in its code object: {}", kernel_name, lowered_name, describe(found)));
+  }
+  return f;
+}
+
+void unload(const LoadedFunction& f) {
+  if (f.module != nullptr) KILN_HIP_FN(ModuleUnload, "hipModuleUnload")(f.module);
+}
+
+void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
+            const std::string& kernel_name) {
+  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch) {
+    throw Error(ErrorCode::kUnsupported,
+                fmt::format("kernel '{}' asks for a thread-block cluster or programmatic dependent launch, which "
+                            "AMD GPUs do not have", kernel_name));
+  }
+  if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
+  set_device(index);
+  // No opt-in for dynamic LDS on AMD: a module kernel may use up to the device's LDS size.
+  void* args[] = {const_cast<void*>(params)};
+  const hipError_t result = KILN_HIP_FN(ModuleLaunchKernel, "hipModuleLaunchKernel")(
+      function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
+      shape.dynamic_shared_bytes, stream, args, nullptr);
+  if (result != kHipSuccess) {
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}", kernel_name,
+                            shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
+                            shape.dynamic_shared_bytes, describe(result)));
+  }
+}
+
+}  // namespace kiln::detail::hip

@@ -1,0 +1,41 @@
+// The HIP runtime (libamdhip64), loaded with dlopen at first use: AMD device detection with the
+// full gcnArchName, and module load and launch. No ROCm header is needed to build kiln: the few
+// entry points used are declared in runtime.cpp with the C ABI they have had since ROCm 5.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/platform.hpp"
+#include "kiln/registry.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln::detail::hip {
+
+// Where libamdhip64 was loaded from; throws kiln::Error(kDriverError) when it cannot be loaded.
+// KILN_LIBAMDHIP64 names the one file to use.
+std::string runtime_library_path();
+
+// Number of AMD GPUs; throws kiln::Error(kDriverError) with the runtime's reason
+// ("hipErrorNoDevice") when there are none or the runtime cannot be loaded.
+int device_count();
+
+// Platform of AMD GPU `index` (arch = the full gcnArchName, "gfx942:sramecc+:xnack-"); cached.
+const Platform& device_platform(int index);
+
+struct LoadedFunction {
+  void* module = nullptr;    // hipModule_t
+  void* function = nullptr;  // hipFunction_t
+};
+// Loads a code object on device `index` and finds `lowered_name` in it.
+LoadedFunction load_function(int index, const std::vector<uint8_t>& code_object, const std::string& lowered_name,
+                             const std::string& kernel_name);
+void unload(const LoadedFunction& f);
+
+// Launches with one parameter block passed by value. Clusters and programmatic dependent launch
+// do not exist on AMD: a shape asking for them is an error (kUnsupported).
+void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
+            const std::string& kernel_name);
+
+}  // namespace kiln::detail::hip
