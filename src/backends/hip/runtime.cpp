@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/hip/device_properties.hpp"
 #include "core/dynamic_library.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
@@ -27,19 +28,6 @@ using ModuleGetFunction = hipError_t (*)(void**, void*, const char*);
 using ModuleUnload = hipError_t (*)(void*);
 using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                           unsigned, void*, void**, void**);
-
-// hipDeviceProp_t as ROCm 5 laid it out. ROCm 6 changed the struct but kept this layout under
-// hipGetDevicePropertiesR0000, so kiln asks for it by that name first. Offsets are checked
-// against ROCm's own header by tests/test_hip_backend.cpp where the header is installed.
-struct PropsLayoutR0000 {
-  static constexpr size_t kSize = 792;
-  static constexpr size_t kName = 0;                  // char[256]
-  static constexpr size_t kSharedMemPerBlock = 264;   // size_t
-  static constexpr size_t kWarpSize = 276;            // int
-  static constexpr size_t kMultiProcessorCount = 336; // int
-  static constexpr size_t kL2CacheSize = 340;         // int
-  static constexpr size_t kGcnArchName = 396;         // char[256]
-};
 
 struct RuntimeLibrary {
   std::unique_ptr<DynamicLibrary> library;
@@ -106,13 +94,13 @@ void check(hipError_t status, const char* call) {
   if (status != kHipSuccess) throw Error(ErrorCode::kDriverError, fmt::format("{} failed: {}", call, describe(status)));
 }
 
+// ROCm 6 and newer export the old layout under this name; ROCm 5's plain name has it.
 GetDeviceProperties properties_entry() {
   const RuntimeLibrary& lib = runtime_library();
   if (lib.library) {
     try {
       return reinterpret_cast<GetDeviceProperties>(lib.library->symbol("hipGetDevicePropertiesR0000"));
     } catch (const Error&) {
-      // ROCm 5: the plain name has this layout.
     }
   }
   return resolve<GetDeviceProperties>("hipGetDeviceProperties");
@@ -160,15 +148,15 @@ const Platform& device_platform(int index) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("device: index {} is out of range; this process sees {} AMD GPU(s)", index, count));
   }
-  std::vector<uint8_t> props(PropsLayoutR0000::kSize + 1024, 0);  // slack: never write past our buffer
+  std::vector<uint8_t> props(DevicePropertiesR0000::kSize + 1024, 0);  // slack: never write past our buffer
   check(properties_entry()(props.data(), index), "hipGetDeviceProperties");
-  const std::string arch = string_field(props, PropsLayoutR0000::kGcnArchName);
+  const std::string arch = string_field(props, DevicePropertiesR0000::kGcnArchName);
   Platform p = platform_for_target(arch);  // unknown arch: error naming the known ones
-  p.multiprocessor_count = field<int>(props, PropsLayoutR0000::kMultiProcessorCount);
-  p.shared_memory_per_block = field<size_t>(props, PropsLayoutR0000::kSharedMemPerBlock);
-  p.l2_bytes = static_cast<size_t>(field<int>(props, PropsLayoutR0000::kL2CacheSize));
-  p.warp_size = field<int>(props, PropsLayoutR0000::kWarpSize);
-  p.device_name = string_field(props, PropsLayoutR0000::kName);
+  p.multiprocessor_count = field<int>(props, DevicePropertiesR0000::kMultiProcessorCount);
+  p.shared_memory_per_block = field<size_t>(props, DevicePropertiesR0000::kSharedMemPerBlock);
+  p.l2_bytes = static_cast<size_t>(field<int>(props, DevicePropertiesR0000::kL2CacheSize));
+  p.warp_size = field<int>(props, DevicePropertiesR0000::kWarpSize);
+  p.device_name = string_field(props, DevicePropertiesR0000::kName);
   p.detected = true;
   p.device_index = index;
   std::lock_guard<std::mutex> lock(mutex);
