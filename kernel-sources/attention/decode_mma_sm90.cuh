@@ -54,7 +54,9 @@ __device__ __forceinline__ void copy16_async_or_zero(void* smem, const void* glo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(global), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void wait_copies_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// Waits until at most `kPending` of this thread's most recent commit groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
 __device__ __forceinline__ Bf16x8 load16_shared(const void* p) {
   Bf16x8 v;
@@ -68,6 +70,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(shared_address(smem)));
 }
 
+// Stages of the per-warp copy ring. Two: three CTAs fit an SM at head_dim 128 (four at 64). Three
+// stages at head_dim 128 (two CTAs per SM) measured slower on an H200 (B8 ctx32768: 0.318-0.354
+// ms against 0.311-0.319). attention_decode_cluster.cpp sizes shared memory with the same number.
+__host__ __device__ constexpr int decode_mma_stages(int) { return 2; }
+
 template <typename T, int kHeadDim, int kQLen, int kGroup>
 __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams p) {
   constexpr int kRows = kQLen * kGroup;  // <= 16
@@ -80,8 +87,9 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   constexpr int kKStride = kHeadDim + (kHeadDim == 64 ? 32 : 8);
   constexpr int kVStride = kHeadDim + 8;      // +16 bytes: ldmatrix conflict-free
   constexpr int kStage = kTile * (kKStride + kVStride);  // elements of one K + V stage
+  constexpr int kStages = decode_mma_stages(kHeadDim);
 
-  // Per warp two stages of [K tile | V tile]; after the token loop the same memory holds the
+  // Per warp kStages stages of [K tile | V tile]; after the token loop the same memory holds the
   // per-warp softmax states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
@@ -116,10 +124,13 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     }
   }
 
+  // Tiles start at multiples of 16 tokens (the masks drop what lies before `first`), so with
+  // page sizes that are powers of two from 16 up a tile never straddles a page: one page-table
+  // read per tile, loaded an iteration before its copies are issued.
   const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
-  const int first = max(0, len - kQLen - window);
+  const int first = max(0, len - kQLen - window) & ~(kTile - 1);
   const int total = max(0, len - first);
-  const int share = (total + splits - 1) / splits;
+  const int share = ((total + splits - 1) / splits + kTile - 1) & ~(kTile - 1);
   const int t0 = first + split * share, t1 = min(len, t0 + share);
 
   float o[kDTiles][4];
@@ -128,37 +139,48 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (log2 domain)
 
   const int* pages = p.page_table + b * p.page_table_stride;
-  auto row_of = [&](const void* cache, long long page_stride, long long row_stride, long long head_stride, int t) {
-    const long long page = pages[t / p.page_size];
-    return static_cast<const T*>(cache) + page * page_stride + (t % p.page_size) * row_stride + kv_head * head_stride;
-  };
+  const int page_shift = __ffs(p.page_size) - 1;
+  auto page_of = [&](int tile) -> long long { return tile < t1 ? pages[tile >> page_shift] : 0; };
 
-  T* const stages = reinterpret_cast<T*>(shared_bytes) + warp * 2 * kStage;
-  // Copies the K and V tiles of tokens [tile, tile + 16) into `stage` (zeros past the end: P is
-  // 0 there, and 0 * garbage could be NaN), as one commit group; an empty group past the end.
-  auto issue = [&](int tile, int stage) {
+  T* const stages = reinterpret_cast<T*>(shared_bytes) + warp * kStages * kStage;
+  // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
+  // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
+  // empty group past the end.
+  auto issue = [&](int tile, int stage, long long page) {
     if (tile < t1) {
+      const int slot = tile & (p.page_size - 1);
+      const T* k_rows = static_cast<const T*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
+      const T* v_rows = static_cast<const T*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
       T* k_tile = stages + stage * kStage;
       T* v_tile = k_tile + kTile * kKStride;
 #pragma unroll
       for (int i = 0; i < kTile * kHeadDim / 8 / 32; ++i) {
         const int idx = i * 32 + lane, tok = idx / (kHeadDim / 8), chunk = idx % (kHeadDim / 8);
-        const bool valid = tile + tok < t1;
-        const int t = valid ? tile + tok : t0;  // any mapped address when nothing is copied
-        copy16_async_or_zero(k_tile + tok * kKStride + chunk * 8,
-                             row_of(p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride, t) + chunk * 8, valid);
-        copy16_async_or_zero(v_tile + tok * kVStride + chunk * 8,
-                             row_of(p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride, t) + chunk * 8, valid);
+        const bool valid = tile + tok < t1;  // rows past the end are still inside the page
+        copy16_async_or_zero(k_tile + tok * kKStride + chunk * 8, k_rows + tok * p.k_row_stride + chunk * 8, valid);
+        copy16_async_or_zero(v_tile + tok * kVStride + chunk * 8, v_rows + tok * p.v_row_stride + chunk * 8, valid);
       }
     }
     commit_copies();
   };
-  int stage = 0;
-  issue(t0 + warp * kTile, 0);
-  for (int base = t0 + warp * kTile; base < t1; base += kWarps * kTile, stage ^= 1) {
-    issue(base + kWarps * kTile, stage ^ 1);  // the next tile, into the stage read last iteration
-    wait_copies_but_one();
+  // A ring of kStages tiles per warp: while one is computed the next kStages - 1 are in flight.
+  // (One cp.async.bulk per K/V row with an mbarrier instead of 16-byte cp.async measured slower
+  // on an H200: 0.35-0.51 ms against 0.27-0.32 ms at B8 ctx32768.)
+  constexpr int kStride = kWarps * kTile;  // a warp's consecutive tiles are this far apart
+  const int first_tile = t0 + warp * kTile;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(first_tile + s * kStride, s, page_of(first_tile + s * kStride));
+  long long next_page = page_of(first_tile + (kStages - 1) * kStride);
+  int read_stage = 0, write_stage = kStages - 1;
+  for (int base = first_tile; base < t1; base += kStride) {
+    const long long page_after_next = page_of(base + kStages * kStride);  // in flight during this tile
+    issue(base + (kStages - 1) * kStride, write_stage, next_page);  // into the stage read last iteration
+    next_page = page_after_next;
+    wait_copies<kStages - 1>();  // this tile's group is complete
     __syncwarp();  // every lane's copies of this stage are in place
+    const int stage = read_stage;
+    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     const T* k_tile = stages + stage * kStage;
     const T* v_tile = k_tile + kTile * kKStride;
     // S = Q K^T for tokens base + 8n + g.

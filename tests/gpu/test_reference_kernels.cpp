@@ -241,6 +241,8 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kBF16, false, 128, 8, 8, 64, 1, {65536, 1}, -1, false},  // 64k context
       {DType::kBF16, false, 128, 64, 8, 16, 1, {4096, 4000, 1, 0, 333, 4096, 2048, 17}, -1, true},
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
+      // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
+      {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
   for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.reference"}) {
