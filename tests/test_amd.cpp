@@ -195,6 +195,16 @@ TEST(AmdCompilerChoice, AutoTakesHiprtcWhereItKnowsTheTargetElseClang) {
   EXPECT_NE(by_clang.key, on_90a.key) << "the key records the compiler";
 }
 
+TEST(AmdCompilerChoice, ReportListsWhatEachCompilerBuildsHere) {
+  const auto reports = available_compilers();
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_EQ(reports[1].compiler, "hiprtc");
+  EXPECT_EQ(reports[1].targets, std::vector<std::string>{"gfx90a"}) << reports[1].note;  // Debian's ROCm 5.2
+  EXPECT_NE(reports[1].note.find("refuses gfx942, gfx950"), std::string::npos) << reports[1].note;
+  EXPECT_EQ(reports[2].compiler, "clang");
+  EXPECT_EQ(reports[2].targets, (std::vector<std::string>{"gfx90a", "gfx942", "gfx950"})) << reports[2].note;
+}
+
 TEST(AmdCompilerChoice, BadSettingsAreClearErrors) {
   ::setenv("KILN_AMD_COMPILER", "nvcc", 1);
   try {

@@ -52,6 +52,15 @@ struct CompiledKernel {
   std::string origin;
 };
 
+// The run-time and offline compilers kiln can use on this machine (`kiln devices` prints them).
+struct CompilerReport {
+  std::string compiler;              // "nvrtc", "hiprtc", "clang"
+  std::string identity;              // as recorded in keys; empty when unavailable
+  std::vector<std::string> targets;  // known targets it builds here
+  std::string note;                  // why it is unavailable, or which targets it refuses
+};
+std::vector<CompilerReport> available_compilers();
+
 // Selects the kernel for `sig` on `target` (a name from known_targets()) and compiles it, or
 // takes it from the cache (and publishes what it compiles there). Needs no GPU and no driver:
 // only the run-time compiler. Throws kiln::Error.

@@ -61,8 +61,11 @@ kiln::Platform resolve_target(const std::string& target) {
 int cmd_devices(bool as_json) {
   const kiln::DeviceReport report = kiln::detect_devices();
   if (as_json) {
-    json j = {{"devices", json::array()}, {"notes", report.notes}};
+    json j = {{"devices", json::array()}, {"notes", report.notes}, {"compilers", json::array()}};
     for (const auto& d : report.devices) j["devices"].push_back(platform_json(d));
+    for (const auto& c : kiln::available_compilers()) {
+      j["compilers"].push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -72,6 +75,13 @@ int cmd_devices(bool as_json) {
   }
   for (const auto& n : report.notes) std::cout << "note: " << n << "\n";
   std::cout << fmt::format("Offline targets (compile without a GPU): {}\n", fmt::join(kiln::known_targets(), ", "));
+  std::cout << "Compilers:\n";
+  for (const auto& c : kiln::available_compilers()) {
+    std::cout << fmt::format("  {:<7} {}\n", c.compiler,
+                             c.identity.empty() ? "unavailable: " + c.note
+                                                : fmt::format("{} -> {}{}", c.identity, fmt::join(c.targets, ", "),
+                                                              c.note.empty() ? "" : " (" + c.note + ")"));
+  }
   return 0;
 }
 

@@ -180,6 +180,47 @@ CompilerKind compiler_for(const Platform& platform, const JitSettings& settings)
   throw Error(ErrorCode::kInternal, "unknown AMD compiler setting");
 }
 
+}  // namespace detail
+
+std::vector<CompilerReport> available_compilers() {
+  std::vector<CompilerReport> reports;
+  std::vector<std::string> nvidia, amd;
+  for (const auto& t : known_targets()) (platform_for_target(t).vendor == Vendor::kNvidia ? nvidia : amd).push_back(t);
+  auto identity_of = [](CompilerReport& r, detail::CompilerKind kind) {
+    try {
+      r.identity = detail::compiler_identity(kind);
+    } catch (const Error& e) {
+      r.note = e.message();
+    }
+  };
+  CompilerReport nvrtc{"nvrtc", "", {}, ""};
+  identity_of(nvrtc, detail::CompilerKind::kNvrtc);
+  if (!nvrtc.identity.empty()) nvrtc.targets = nvidia;
+  reports.push_back(nvrtc);
+  CompilerReport hiprtc{"hiprtc", "", {}, ""};
+  if (auto why = detail::hip::hiprtc_unavailable()) {
+    hiprtc.note = *why;
+  } else {
+    identity_of(hiprtc, detail::CompilerKind::kHiprtc);
+    std::vector<std::string> refused;
+    for (const auto& t : amd) (detail::hip::hiprtc_refuses(t) ? refused : hiprtc.targets).push_back(t);
+    if (!refused.empty()) hiprtc.note = fmt::format("refuses {}: its ROCm release predates them", fmt::join(refused, ", "));
+  }
+  reports.push_back(hiprtc);
+  CompilerReport clang{"clang", "", {}, ""};
+  if (const auto path = detail::hip::find_clang(&clang.note)) {
+    identity_of(clang, detail::CompilerKind::kClang);
+    if (!clang.identity.empty()) {
+      clang.targets = amd;
+      clang.note = *path;
+    }
+  }
+  reports.push_back(clang);
+  return reports;
+}
+
+namespace detail {
+
 CompileResult compile_in_this_process(const CompileRequest& request, double timeout_seconds) {
   switch (request.compiler) {
     case CompilerKind::kNvrtc: return cuda::nvrtc_compile(request);

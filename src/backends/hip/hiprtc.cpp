@@ -139,9 +139,15 @@ class Program {
 
 }  // namespace
 
-std::optional<std::string> hiprtc_refuses(const std::string& target) {
+std::optional<std::string> hiprtc_unavailable() {
   const HiprtcLibrary& lib = hiprtc_library();
   if (!lib.library) return lib.failure;
+  return std::nullopt;
+}
+
+std::optional<std::string> hiprtc_refuses(const std::string& target) {
+  if (auto why = hiprtc_unavailable()) return why;
+  const HiprtcLibrary& lib = hiprtc_library();
   const std::string base = target.substr(0, target.find(':'));
   std::vector<std::string> known;
   const TargetSupport* wanted = nullptr;

@@ -9,6 +9,9 @@
 
 namespace kiln::detail::hip {
 
+// Why hipRTC cannot be loaded here, or nullopt when it can. Never throws.
+std::optional<std::string> hiprtc_unavailable();
+
 // Why kiln will not hand `target` to the hipRTC it finds, or nullopt when it will. hipRTC is only
 // given targets its ROCm release is known to support (ROCm 5's hipRTC aborts the process on
 // gfx940 and newer); this also covers a hipRTC that cannot be loaded. Never throws.
