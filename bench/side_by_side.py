@@ -180,9 +180,11 @@ def prefill_case(kiln, name, B, S, Hq, Hkv, D, causal, window, sinks, l2, quick)
     return row
 
 
-def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick):
+def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
+    """fp8: kiln reads an e4m3 cache (per-tensor scales); SDPA has no fp8 KV path, so the peers run
+    the same math on the bf16 cache a user would otherwise keep."""
     pages_per_seq = ctx // page
-    kv_bytes = 2 * B * ctx * Hkv * D * 2
+    kv_bytes = 2 * B * ctx * Hkv * D * (1 if fp8 else 2)
     bytes_ = kv_bytes + 2 * 2 * B * Hq * D
     n = sets_for(kv_bytes, l2)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -194,10 +196,14 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick):
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         sets.append((q, kc, vc, pt, torch.full_like(q, float("nan"))))
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    scale = 0.25  # e4m3 holds the bf16 values / scale; the peers see the dequantized values
+    if fp8:
+        sets = [(q, (kc / scale).to(torch.float8_e4m3fn), (vc / scale).to(torch.float8_e4m3fn), pt, out) for q, kc, vc, pt, out in sets]
     args = []
     for q, kc, vc, pt, out in sets:
         ts = [kt(q), kt(kc), kt(vc), kt(pt), kt(lens), kt(out)]
-        args.append(DecodeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), 1, None, None, 0.0, 0.0, -1, 1.0, 1.0))
+        args.append(DecodeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), 1, None, None, 0.0, 0.0, -1,
+                               scale if fp8 else 1.0, scale if fp8 else 1.0))
         kiln.keep.append(ts)
     row = {"op": "mha_decode_with_kvcache", "shape": name, "bytes": bytes_}
     row["kiln"] = timed(lambda i: kiln.call("kiln_mha_decode_with_kvcache", args[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
@@ -206,7 +212,9 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick):
     # Peers read a contiguous cache (B, Hkv, ctx, D): the same math without paging.
     def contiguous(kc_, pt_):
         return kc_[pt_.long()].reshape(B, ctx, Hkv, D).transpose(1, 2).contiguous()
-    peer = [(q_.view(B, Hq, 1, D), contiguous(kc_, pt_), contiguous(vc_, pt_)) for q_, kc_, vc_, pt_, _ in sets]
+    def bf16(c):
+        return c.to(torch.bfloat16) * scale if fp8 else c
+    peer = [(q_.view(B, Hq, 1, D), contiguous(bf16(kc_), pt_), contiguous(bf16(vc_), pt_)) for q_, kc_, vc_, pt_, _ in sets]
     from torch.nn.attention import SDPBackend
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
@@ -325,6 +333,8 @@ def main():
         for page in (16, 64):
             rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
             print(json.dumps(rows[-1]), flush=True)
+        rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
+        print(json.dumps(rows[-1]), flush=True)
     for T in (1, 8, 64, 512, 4096, 8192) if args.only in (None, "moe") else ():
         rows.append(moe_case(kiln, T, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)

@@ -7,8 +7,12 @@
 // tile loads while this one computes. K fragments are read 16 bytes at a time: within each
 // 32-dimension block lane quad c takes dims 8c..8c+7 of one token, and the same permutation of
 // the reduction dimension is applied to Q, so S is unchanged. V is read with ldmatrix.trans.
+// An fp8 (e4m3) cache is copied as bytes and multiplied in f16 (e4m3 converts to f16 exactly, one
+// cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
+// V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale
+// and v_scale scales O.
 // Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128, dynamic shared memory
-// decode_mma_shared_bytes(head_dim); the merge is decode_merge.cuh's.
+// 4 x DecodeTileLayout::kWarpBytes; the merge is decode_merge.cuh's.
 #pragma once
 
 #include "attention/decode_merge.cuh"
@@ -64,33 +68,64 @@ __device__ __forceinline__ Bf16x8 load16_shared(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared_address(smem)));
 }
 
+// Two e4m3 values (low byte first) to a packed f16 pair, exactly.
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short pair) {
+  unsigned r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(pair));
+  return r;
+}
+
+template <typename A, typename B> struct SameType { enum { value = 0 }; };
+template <typename A> struct SameType<A, A> { enum { value = 1 }; };
+
+// The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache.
+template <typename T, typename Cache> struct MmaType { typedef T type; };
+template <typename T> struct MmaType<T, e4m3> { typedef f16 type; };
+
 // Stages of the per-warp copy ring. Two: three CTAs fit an SM at head_dim 128 (four at 64). Three
 // stages at head_dim 128 (two CTAs per SM) measured slower on an H200 (B8 ctx32768: 0.318-0.354
 // ms against 0.311-0.319). attention_decode_cluster.cpp sizes shared memory with the same number.
 __host__ __device__ constexpr int decode_mma_stages(int) { return 2; }
 
-template <typename T, int kHeadDim, int kQLen, int kGroup>
+// Shared memory of one warp, in bytes: kStages stages of [K tile | V tile] (16 rows each, padded
+// so the fragment reads and ldmatrix are conflict-free), plus for an e4m3 cache the f16 V tile
+// ldmatrix reads. attention_decode_cluster.cpp computes the same sizes.
+template <typename Cache, int kHeadDim>
+struct DecodeTileLayout {
+  static constexpr bool kFp8 = SameType<Cache, e4m3>::value;
+  // 16-bit K rows padded by 64 bytes at head_dim 64 and 16 at 128 (64 would leave room for 2
+  // CTAs per SM instead of 3, which measured slower); e4m3 rows by 32 bytes.
+  static constexpr int kKRowBytes = kFp8 ? kHeadDim + 32 : 2 * (kHeadDim + (kHeadDim == 64 ? 32 : 8));
+  static constexpr int kVRowBytes = kFp8 ? kHeadDim + 16 : 2 * (kHeadDim + 8);
+  static constexpr int kStageBytes = 16 * (kKRowBytes + kVRowBytes);
+  static constexpr int kStagingRowBytes = 2 * (kHeadDim + 8);
+  static constexpr int kWarpBytes = decode_mma_stages(kHeadDim) * kStageBytes + (kFp8 ? 16 * kStagingRowBytes : 0);
+  static constexpr int kChunksPerRow = kHeadDim * static_cast<int>(sizeof(Cache)) / 16;  // 16-byte copies
+};
+
+template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup>
 __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams p) {
+  typedef typename MmaType<T, Cache>::type M;
+  typedef DecodeTileLayout<Cache, kHeadDim> Layout;
   constexpr int kRows = kQLen * kGroup;  // <= 16
   constexpr int kWarps = 4;
   constexpr int kTile = 16;                   // tokens per warp iteration
   constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
-  // K rows padded by 64 bytes make the fragment reads conflict-free; at head_dim 128 that would
-  // leave room for 2 CTAs per SM instead of 3, which measured slower: pad by 16 bytes there.
-  constexpr int kKStride = kHeadDim + (kHeadDim == 64 ? 32 : 8);
-  constexpr int kVStride = kHeadDim + 8;      // +16 bytes: ldmatrix conflict-free
-  constexpr int kStage = kTile * (kKStride + kVStride);  // elements of one K + V stage
   constexpr int kStages = decode_mma_stages(kHeadDim);
 
-  // Per warp kStages stages of [K tile | V tile]; after the token loop the same memory holds the
-  // per-warp softmax states for the merge.
+  // Per warp Layout::kWarpBytes; after the token loop the same memory holds the per-warp softmax
+  // states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
 
@@ -116,6 +151,12 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     }
 #pragma unroll
     for (int m = 0; m < kBlocks; ++m) {
+      if (!SameType<M, T>::value) {  // bf16 q against an e4m3 cache: multiply in f16
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          words[m].w[w] = pack2<f16>(__uint_as_float(words[m].w[w] << 16), __uint_as_float(words[m].w[w] & 0xffff0000u));
+        }
+      }
       // k-step 2m uses words 0,1; k-step 2m+1 words 2,3. a[0]/a[2]: row g; a[1]/a[3]: row g + 8.
       qa[m][0][half] = words[m].w[0];
       qa[m][0][2 + half] = words[m].w[1];
@@ -137,28 +178,31 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (log2 domain)
+  const float score_scale = p.softmax_scale * p.k_scale;  // k_scale is 1 for a 16-bit cache
 
   const int* pages = p.page_table + b * p.page_table_stride;
   const int page_shift = __ffs(p.page_size) - 1;
   auto page_of = [&](int tile) -> long long { return tile < t1 ? pages[tile >> page_shift] : 0; };
 
-  T* const stages = reinterpret_cast<T*>(shared_bytes) + warp * kStages * kStage;
+  unsigned char* const stages = shared_bytes + warp * Layout::kWarpBytes;
+  unsigned char* const v_staging = stages + kStages * Layout::kStageBytes;  // e4m3 cache only
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
   // empty group past the end.
   auto issue = [&](int tile, int stage, long long page) {
     if (tile < t1) {
       const int slot = tile & (p.page_size - 1);
-      const T* k_rows = static_cast<const T*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
-      const T* v_rows = static_cast<const T*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
-      T* k_tile = stages + stage * kStage;
-      T* v_tile = k_tile + kTile * kKStride;
+      const Cache* k_rows = static_cast<const Cache*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
+      const Cache* v_rows = static_cast<const Cache*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
+      unsigned char* k_tile = stages + stage * Layout::kStageBytes;
+      unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
+      constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Cache));  // elements per 16-byte copy
 #pragma unroll
-      for (int i = 0; i < kTile * kHeadDim / 8 / 32; ++i) {
-        const int idx = i * 32 + lane, tok = idx / (kHeadDim / 8), chunk = idx % (kHeadDim / 8);
+      for (int i = 0; i < kTile * Layout::kChunksPerRow / 32; ++i) {
+        const int idx = i * 32 + lane, tok = idx / Layout::kChunksPerRow, chunk = idx % Layout::kChunksPerRow;
         const bool valid = tile + tok < t1;  // rows past the end are still inside the page
-        copy16_async_or_zero(k_tile + tok * kKStride + chunk * 8, k_rows + tok * p.k_row_stride + chunk * 8, valid);
-        copy16_async_or_zero(v_tile + tok * kVStride + chunk * 8, v_rows + tok * p.v_row_stride + chunk * 8, valid);
+        copy16_async_or_zero(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk, valid);
+        copy16_async_or_zero(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk, valid);
       }
     }
     commit_copies();
@@ -181,8 +225,27 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     const int stage = read_stage;
     read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
-    const T* k_tile = stages + stage * kStage;
-    const T* v_tile = k_tile + kTile * kKStride;
+    const unsigned char* k_tile = stages + stage * Layout::kStageBytes;
+    const unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
+    if (Layout::kFp8) {
+      // This tile's e4m3 V rows to f16 for ldmatrix; lane-strided 16-byte chunks.
+#pragma unroll
+      for (int i = 0; i < kTile * Layout::kChunksPerRow / 32; ++i) {
+        const int idx = i * 32 + lane, tok = idx / Layout::kChunksPerRow, chunk = idx % Layout::kChunksPerRow;
+        const Bf16x8 raw = load16_shared(v_tile + tok * Layout::kVRowBytes + chunk * 16);
+        Bf16x8 lo, hi;
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          lo.w[2 * w] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw.w[w] & 0xffffu));
+          lo.w[2 * w + 1] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw.w[w] >> 16));
+          hi.w[2 * w] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw.w[2 + w] & 0xffffu));
+          hi.w[2 * w + 1] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw.w[2 + w] >> 16));
+        }
+        store16_shared(v_staging + tok * Layout::kStagingRowBytes + chunk * 32, lo);
+        store16_shared(v_staging + tok * Layout::kStagingRowBytes + chunk * 32 + 16, hi);
+      }
+      __syncwarp();
+    }
     // S = Q K^T for tokens base + 8n + g.
     float s[2][4];
 #pragma unroll
@@ -190,9 +253,20 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
       for (int m = 0; m < kBlocks; ++m) {
-        const Bf16x8 kw = load16_shared(k_tile + (8 * n + g) * kKStride + 32 * m + 8 * c);
-        mma_16816<T>(s[n], qa[m][0], kw.w[0], kw.w[1]);
-        mma_16816<T>(s[n], qa[m][1], kw.w[2], kw.w[3]);
+        Bf16x8 kw;
+        if (Layout::kFp8) {  // dims 32m + 8c .. + 7 of token 8n + g: 8 bytes, 4 f16 pairs
+          const unsigned char* row = k_tile + (8 * n + g) * Layout::kKRowBytes + 32 * m + 8 * c;
+          unsigned raw[2];
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "r"(shared_address(row)));
+          kw.w[0] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[0] & 0xffffu));
+          kw.w[1] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[0] >> 16));
+          kw.w[2] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[1] & 0xffffu));
+          kw.w[3] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[1] >> 16));
+        } else {
+          kw = load16_shared(k_tile + (8 * n + g) * Layout::kKRowBytes + 2 * (32 * m + 8 * c));
+        }
+        mma_16816<M>(s[n], qa[m][0], kw.w[0], kw.w[1]);
+        mma_16816<M>(s[n], qa[m][1], kw.w[2], kw.w[3]);
       }
     }
     // Scale, cap, mask; one online-softmax step per row for the whole tile.
@@ -204,7 +278,7 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
         const int half = e >> 1, r = g + 8 * half;
         const int tok = base + 8 * n + 2 * c + (e & 1);
         const int rel = tok - (len - kQLen), j = r / kGroup;
-        float x = softcap_score(s[n][e] * p.softmax_scale, p.softcap) * 1.4426950408889634f;
+        float x = softcap_score(s[n][e] * score_scale, p.softcap) * 1.4426950408889634f;
         if (r >= kRows || tok >= t1 || rel > j || rel < j - window) x = neg_inf();
         s[n][e] = x;
         tile_max[half] = fmaxf(tile_max[half], x);
@@ -238,15 +312,17 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
       o[n][3] *= factor[1];
     }
     // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
-    const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                            pack2<T>(s[1][2], s[1][3])};
+    const unsigned pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
+                            pack2<M>(s[1][2], s[1][3])};
+    const unsigned char* v_rows = Layout::kFp8 ? v_staging : v_tile;
+    constexpr int kVRead = Layout::kFp8 ? Layout::kStagingRowBytes : Layout::kVRowBytes;
 #pragma unroll
     for (int q = 0; q < kDTiles / 2; ++q) {
       unsigned vb[4];
       const int tok = (lane & 7) + 8 * ((lane >> 3) & 1), d = (2 * q + (lane >> 4)) * 8;
-      ldmatrix_x4_trans(vb, v_tile + tok * kVStride + d);
-      mma_16816<T>(o[2 * q], pa, vb[0], vb[1]);
-      mma_16816<T>(o[2 * q + 1], pa, vb[2], vb[3]);
+      ldmatrix_x4_trans(vb, v_rows + tok * kVRead + 2 * d);
+      mma_16816<M>(o[2 * q], pa, vb[0], vb[1]);
+      mma_16816<M>(o[2 * q + 1], pa, vb[2], vb[3]);
     }
     __syncwarp();  // every lane is done with this stage before the next iteration refills it
   }
@@ -263,8 +339,8 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
     if (r < kRows) {
 #pragma unroll
       for (int n = 0; n < kDTiles; ++n) {
-        warp_acc[warp][r][8 * n + 2 * c] = o[n][2 * half];
-        warp_acc[warp][r][8 * n + 2 * c + 1] = o[n][2 * half + 1];
+        warp_acc[warp][r][8 * n + 2 * c] = o[n][2 * half] * p.v_scale;  // v_scale is 1 for a 16-bit cache
+        warp_acc[warp][r][8 * n + 2 * c + 1] = o[n][2 * half + 1] * p.v_scale;
       }
       if (c == 0) {
         warp_m[warp][r] = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * 0.6931471805599453f;

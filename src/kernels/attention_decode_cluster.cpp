@@ -19,13 +19,17 @@ constexpr int kMinTokensPerSplit = 256;
 // decode_mma_sm90's copy ring per warp: decode_mma_stages() in the kernel source.
 constexpr int kCopyStages = 2;
 
-// q and the cache in one 16-bit type, head_dim 64 or 128, and at most `max_rows`
-// query rows (q_len x group) per KV head; at head_dim 128 at most 8 (static shared memory: 48 KB).
-std::optional<std::string> check(const Signature& sig, int64_t max_rows) {
+// q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64
+// or 128, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 at most 8
+// (static shared memory: 48 KB).
+std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp8_cache) {
   const std::string& dtype = sig.get("dtype");
   if (dtype != "bf16" && dtype != "f16") return fmt::format("dtype {} unsupported (supported: bf16, f16)", dtype);
-  if (sig.get("kv_dtype") != dtype) {
-    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; e4m3 runs on the reference)", sig.get("kv_dtype"));
+  const std::string wanted_cache = fp8_cache ? "e4m3" : dtype;
+  if (sig.get("kv_dtype") != wanted_cache) {
+    return fmt::format("kv_dtype {} unsupported (supported: {})", sig.get("kv_dtype"),
+                       fp8_cache ? "e4m3; a 16-bit cache runs on attention.decode.mma_cluster"
+                                 : "the same as dtype; an e4m3 cache runs on attention.decode.mma_cluster_fp8");
   }
   const int64_t d = sig.get_int("head_dim");
   if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
@@ -39,11 +43,14 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows) {
   return std::nullopt;
 }
 
-// Dynamic shared memory of decode_mma_sm90: per warp kCopyStages stages of a 16-token K tile and
-// V tile, rows padded as the kernel pads them (kKStride, kVStride). Must match the kernel's layout.
-uint32_t mma_shared_bytes(int head_dim) {
-  const int k_stride = head_dim + (head_dim == 64 ? 32 : 8), v_stride = head_dim + 8;
-  return static_cast<uint32_t>(4 * kCopyStages * 16 * (k_stride + v_stride) * 2);
+// Dynamic shared memory of decode_mma_sm90: four warps of DecodeTileLayout::kWarpBytes (kCopyStages
+// stages of a 16-token K tile and V tile with padded rows; for an e4m3 cache an f16 V tile too).
+// Must match the kernel's layout.
+uint32_t mma_shared_bytes(int head_dim, bool fp8_cache) {
+  const int k_row = fp8_cache ? head_dim + 32 : 2 * (head_dim + (head_dim == 64 ? 32 : 8));
+  const int v_row = fp8_cache ? head_dim + 16 : 2 * (head_dim + 8);
+  const int staging = fp8_cache ? 16 * 2 * (head_dim + 8) : 0;
+  return static_cast<uint32_t>(4 * (kCopyStages * 16 * (k_row + v_row) + staging));
 }
 
 // Split the sequence over up to 16 CTAs of a cluster until every SM has at least one CTA, keeping
@@ -67,27 +74,27 @@ LaunchShape cluster_launch(const void* params, const Platform& platform) {
   return shape;
 }
 
-KernelSpec cluster_kernel(const char* name, const char* source, const char* entry, Priority priority, int64_t max_rows) {
+// One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
+KernelSpec mma_cluster_kernel(const char* name, bool fp8_cache) {
   KernelSpec spec;
   spec.name = name;
   spec.family = kFamilyAttention;
   spec.mode = kModeDecode;
-  spec.priority = priority;
+  spec.priority = Priority::kSpecialized;
   spec.specificity = 3;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 90;
   spec.requirements.features = {"launch:cluster"};
-  spec.source = source;
-  spec.accepts = [max_rows](const Signature& sig) { return check(sig, max_rows); };
-  const std::string kernel_template = entry;
-  spec.specialize = [kernel_template](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::{}<kiln::{}, {}, {}, {}>", kernel_template, sig.get("dtype"), sig.get_int("head_dim"),
-                                      sig.get_int("q_len"), sig.get_int("group")),
+  spec.source = "attention/decode_mma_sm90.cuh";
+  spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
+  spec.specialize = [](const Signature& sig, const Platform&) {
+    return Specialization{fmt::format("kiln::decode_mma_sm90<kiln::{}, kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
+                                      sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group")),
                           {}};
   };
-  spec.launch_shape = [](const void* params, const Platform& platform) {
+  spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
     LaunchShape shape = cluster_launch(params, platform);
-    shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim);
+    shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim, fp8_cache);
     return shape;
   };
   return spec;
@@ -95,8 +102,7 @@ KernelSpec cluster_kernel(const char* name, const char* source, const char* entr
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(attention_decode_mma_cluster) {
-  return cluster_kernel("attention.decode.mma_cluster", "attention/decode_mma_sm90.cuh", "decode_mma_sm90", Priority::kSpecialized, 16);
-}
+KILN_REGISTER_KERNEL(attention_decode_mma_cluster) { return mma_cluster_kernel("attention.decode.mma_cluster", false); }
+KILN_REGISTER_KERNEL(attention_decode_mma_cluster_fp8) { return mma_cluster_kernel("attention.decode.mma_cluster_fp8", true); }
 
 }  // namespace kiln

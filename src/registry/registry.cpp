@@ -28,7 +28,7 @@ std::string override_env_name(const OperatorId& op) {
 std::optional<std::string> platform_refusal(const KernelSpec& spec, const Platform& p) {
   const Requirements& r = spec.requirements;
   if (r.vendor != p.vendor) {
-    return fmt::format("needs a {} GPU; target {} is {}", vendor_name(r.vendor), p.arch,
+    return fmt::format("needs an {} GPU; target {} is {}", r.vendor == Vendor::kNvidia ? "NVIDIA" : "AMD", p.arch,
                        vendor_name(p.vendor));
   }
   if (p.arch_version < r.min_arch) {

@@ -243,9 +243,13 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
       // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
       {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
+      // e4m3 caches on the fp8 tensor-core kernel: splits, q_len x group = 16, windows, sinks.
+      {DType::kBF16, true, 128, 64, 8, 16, 1, {4096, 1, 0, 333, 2048}, -1, true},
+      {DType::kF16, true, 64, 8, 1, 128, 2, {3000, 64, 1}, 100, false},
+      {DType::kBF16, true, 128, 32, 8, 32, 1, {32768, 5, 20000}, 1000, true},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
-  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.reference"}) {
+  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.mma_cluster_fp8", "attention.decode.reference"}) {
     Registry::global().set_override(decode, kernel);
     int ran = 0;
     for (const auto& c : cases) {
