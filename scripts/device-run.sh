@@ -14,7 +14,7 @@ if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck / racecheck (prefill, moe, short decode) =="
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 /work/main/build-device/bin/kiln_gpu_tests \
-      --gtest_filter='Gpu.PrefillReference*:Gpu.MoeReference*:Gpu.SecondCall*' > /tmp/sanitizer_$tool.log 2>&1
+      --gtest_filter='Gpu.PrefillKernels*:Gpu.MoeReference*:Gpu.SecondCall*' > /tmp/sanitizer_$tool.log 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitizer_$tool.log | tail -1)"
     cat /tmp/sanitizer_$tool.log >> "$out/sanitizer.log"
   done

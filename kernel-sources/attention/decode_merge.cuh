@@ -1,22 +1,13 @@
-// For decode kernels that split a sequence over the CTAs of a cluster: 16-byte loads and the merge
-// of per-warp softmax states across the CTA and the cluster.
+// For decode kernels that split a sequence over the CTAs of a cluster: the merge of per-warp
+// softmax states across the CTA and the cluster.
 #pragma once
 
 #include "attention/params.h"
 #include "common/cluster.cuh"
+#include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
-
-struct Bf16x8 {
-  unsigned w[4];
-};
-
-__device__ __forceinline__ Bf16x8 load16(const void* p) {
-  Bf16x8 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
-  return v;
-}
 
 // exp(old - new) that is 0, not NaN, when nothing was seen yet.
 __device__ __forceinline__ float rescale(float old_max, float new_max) {

@@ -122,7 +122,8 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(total_q * c.hq)), ref.lse, what);
 }
 
-TEST_F(Gpu, PrefillReferenceMatchesFloat64) {
+// Every case runs on each prefill kernel that accepts it: the tensor-core kernel and the reference.
+TEST_F(Gpu, PrefillKernelsMatchFloat64) {
   const std::vector<int> ragged_q = {0, 1, 37, 130}, ragged_k = {5, 1, 70, 130};
   const std::vector<PrefillCase> cases = {
       {DType::kBF16, 64, 8, 8, ragged_q, ragged_k, true, -1, false, 0},
@@ -133,8 +134,29 @@ TEST_F(Gpu, PrefillReferenceMatchesFloat64) {
       {DType::kBF16, 128, 8, 8, ragged_q, ragged_k, false, 5000, false, 0}, // window larger than any sequence
       {DType::kBF16, 64, 16, 1, {3, 77}, {9, 45}, true, -1, true, 30.0f},  // fewer keys than queries, softcap
       {DType::kF16, 256, 4, 4, {33}, {33}, true, 7, false, 0},
+      // Several 64-row and 64-key blocks: skipped and edge blocks, prefixes, GPT-OSS windows.
+      {DType::kBF16, 64, 64, 8, {1000, 513, 64, 65}, {1000, 513, 64, 65}, true, 128, true, 0},
+      {DType::kF16, 128, 32, 8, {700, 129}, {700, 129}, false, -1, false, 0},
+      {DType::kBF16, 128, 16, 16, {100, 300, 1}, {700, 300, 257}, true, -1, true, 0},
+      {DType::kBF16, 64, 8, 1, {333}, {1200}, false, 200, false, 50.0f},  // window without causal, softcap
   };
-  for (const auto& c : cases) run_prefill(rng, c);
+  const OperatorId prefill{kFamilyAttention, kModePrefill};
+  for (const char* kernel : {"attention.prefill.mma", "attention.prefill.reference"}) {
+    Registry::global().set_override(prefill, kernel);
+    int ran = 0;
+    for (const auto& c : cases) {
+      Signature sig({kFamilyAttention, kModePrefill});
+      sig.set("dtype", dtype_name(c.dtype)).set("head_dim", int64_t{c.d}).set("group", int64_t{c.hq / c.hkv});
+      sig.set_flag("causal", c.causal);
+      for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
+      if (Registry::global().find(kernel)->accepts(sig)) continue;  // this kernel does not run this case
+      SCOPED_TRACE(kernel);
+      run_prefill(rng, c);
+      ++ran;
+    }
+    EXPECT_GT(ran, 8) << kernel;
+  }
+  Registry::global().set_override(prefill, "");
 }
 
 struct DecodeCase {

@@ -1,0 +1,212 @@
+// Prefill attention on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; sm_80 and newer), in
+// the FlashAttention-2 manner: a CTA owns 64 query rows of one head (16 per warp, Q fragments held
+// in registers) and walks 64-key blocks of K and V, double-buffered in shared memory by cp.async;
+// each warp computes S = Q K^T, one online-softmax step per row and block, and O += P V, with P
+// taken straight from S's accumulators. Shared-memory rows are 16-byte chunks XOR-swizzled by
+// row (chunk ^ row % 8), so ldmatrix reads are conflict-free. Key blocks wholly outside the causal
+// or window band are skipped, not masked; only blocks on a band edge or past the end are masked.
+// Query blocks are visited last-first, so under causal masking the longest ones start first.
+// Launch: grid (ceil(max_seqlen_q / 64), Hq, batch), block 128, dynamic shared memory
+// prefill_mma_shared_bytes(head_dim) (Q tile plus two stages of K and V tiles).
+#pragma once
+
+#include "attention/params.h"
+#include "common/mma_sm80.cuh"
+#include "common/prelude.cuh"
+
+namespace kiln {
+
+__host__ __device__ constexpr int prefill_mma_shared_bytes(int head_dim) { return (64 + 2 * 2 * 64) * head_dim * 2; }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
+__device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillParams p) {
+  constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4;
+  constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
+  constexpr int kKSteps = kHeadDim / 16;        // k-steps of Q K^T
+  constexpr int kDTiles = kHeadDim / 8;         // n-tiles of O
+  constexpr int kKeyTiles = kBlockK / 8;        // n-tiles of S
+  constexpr int kTileBytes = kBlockK * kHeadDim * 2;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  unsigned char* const q_tile = shared_bytes;
+  unsigned char* const kv_tiles = shared_bytes + kBlockQ * kHeadDim * 2;  // [stage][K | V]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int q_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int q_begin = p.cu_seqlens_q[b], len_q = p.cu_seqlens_q[b + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[b], len_k = p.cu_seqlens_k[b + 1] - k_begin;
+  const int q0 = q_block * kBlockQ;
+  if (q0 >= len_q) return;
+  const int kv_head = head / (p.num_heads_q / p.num_heads_kv);
+
+  // Keys row i sees: [i + shift - window, i + shift] (bottom-right aligned), within [0, len_k).
+  const int shift = len_k - len_q;
+  const bool upper_bound = p.causal || p.window_left >= 0;
+  const int last_row = min(len_q, q0 + kBlockQ) - 1;
+  const int key_end = upper_bound ? min(len_k, last_row + shift + 1) : len_k;
+  const int key_start = p.window_left >= 0 ? max(0, q0 + shift - p.window_left) : 0;
+  const int block_start = key_start / kBlockK;
+  const int block_end = key_end > key_start ? (key_end + kBlockK - 1) / kBlockK : block_start;
+
+  // Q tile (rows past the sequence zero-filled), then each warp's 16 rows as A fragments.
+  const T* q_rows = static_cast<const T*>(p.q) + (q_begin + q0) * p.q_row_stride + head * p.q_head_stride;
+  for (int i = threadIdx.x; i < kBlockQ * kChunks; i += 128) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const bool valid = q0 + row < len_q;
+    copy16_async_or_zero(q_tile + swizzled(row, chunk, kChunks), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
+  }
+  commit_copies();
+
+  const T* k_rows = static_cast<const T*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
+  const T* v_rows = static_cast<const T*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  // K and V of key block `block` into `stage`; keys past the end zero-filled (P is 0 there, and
+  // 0 * garbage could be NaN).
+  auto issue = [&](int block, int stage) {
+    unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    unsigned char* v_tile = k_tile + kTileBytes;
+    for (int i = threadIdx.x; i < kBlockK * kChunks; i += 128) {
+      const int row = i / kChunks, chunk = i % kChunks, key = block * kBlockK + row;
+      const bool valid = key < len_k;
+      const int at = valid ? key : 0;
+      copy16_async_or_zero(k_tile + swizzled(row, chunk, kChunks), k_rows + at * p.k_row_stride + chunk * 8, valid);
+      copy16_async_or_zero(v_tile + swizzled(row, chunk, kChunks), v_rows + at * p.v_row_stride + chunk * 8, valid);
+    }
+    commit_copies();
+  };
+  if (block_start < block_end) issue(block_start, 0);
+
+  if (block_start < block_end) wait_copies<1>();  // the Q group; the first K/V group may still fly
+  else wait_copies<0>();
+  __syncthreads();
+  unsigned qa[kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const int mi = lane >> 3, row = warp * 16 + (mi & 1) * 8 + (lane & 7), chunk = ks * 2 + (mi >> 1);
+    ldmatrix_x4(qa[ks], q_tile + swizzled(row, chunk, kChunks));
+  }
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
+  const float log2e = 1.4426950408889634f;
+  const int row_lo = q0 + warp * 16 + g;  // this thread's rows: row_lo and row_lo + 8
+
+  for (int block = block_start; block < block_end; ++block) {
+    const int stage = (block - block_start) & 1;
+    wait_copies<0>();
+    __syncthreads();  // this block landed for every thread; every warp is done with the other stage
+    if (block + 1 < block_end) issue(block + 1, stage ^ 1);
+    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    const unsigned char* v_tile = k_tile + kTileBytes;
+
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; n += 2) {
+        // Keys 8n .. 8n + 15, dims 16 ks .. 16 ks + 15: b0/b1 of key tile n, then of n + 1.
+        const int mi = lane >> 3, key = n * 8 + (mi >> 1) * 8 + (lane & 7), chunk = ks * 2 + (mi & 1);
+        unsigned kb[4];
+        ldmatrix_x4(kb, k_tile + swizzled(key, chunk, kChunks));
+        mma_16816<T>(s[n], qa[ks], kb[0], kb[1]);
+        mma_16816<T>(s[n + 1], qa[ks], kb[2], kb[3]);
+      }
+    }
+
+    // Scale, cap and mask; masks only where the block crosses a band edge or the end.
+    const int key0 = block * kBlockK;
+    const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > q0 + warp * 16 + shift) ||
+                      (p.window_left >= 0 && key0 < q0 + warp * 16 + 15 + shift - p.window_left);
+    float tile_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1, row = row_lo + 8 * half, key = key0 + n * 8 + 2 * c + (e & 1);
+        float x = softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e;
+        if (edge) {
+          const int position = row + shift;
+          if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
+            x = neg_inf();
+          }
+        }
+        s[n][e] = x;
+        tile_max[half] = fmaxf(tile_max[half], x);
+      }
+    }
+    float factor[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      const float new_m = fmaxf(m_row[half], tile_max[half]);
+      factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2f(m_row[half] - new_m);
+      m_row[half] = new_m;
+      l_row[half] *= factor[half];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1;
+        const float pe = s[n][e] == neg_inf() ? 0.0f : exp2f(s[n][e] - m_row[half]);
+        s[n][e] = pe;
+        l_row[half] += pe;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      o[n][0] *= factor[0];
+      o[n][1] *= factor[0];
+      o[n][2] *= factor[1];
+      o[n][3] *= factor[1];
+    }
+    // O += P V over the block's keys, 16 at a time: P's A fragments are S's accumulators.
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < kDTiles; n += 2) {
+        const int key = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), chunk = n + (lane >> 4);
+        unsigned vb[4];
+        ldmatrix_x4_trans(vb, v_tile + swizzled(key, chunk, kChunks));
+        mma_16816<T>(o[n], pa, vb[0], vb[1]);
+        mma_16816<T>(o[n + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+
+  // Finish each row: the quad's partial sums, the sink, normalization, lse.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 1);
+    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 2);
+    const int row = row_lo + 8 * half;
+    float m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] / log2e;
+    float l = l_row[half], scale_o = 1.0f;
+    if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
+      const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
+      scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
+      l = l * scale_o + __expf(sink - with_sink);
+      m_nat = with_sink;
+    }
+    if (row >= len_q) continue;
+    const float inv = l > 0.0f ? scale_o / l : 0.0f;
+    T* out = static_cast<T*>(p.out) + (q_begin + row) * p.out_row_stride + head * p.out_head_stride;
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      *reinterpret_cast<unsigned*>(out + 8 * n + 2 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+    }
+    if (p.lse != nullptr && c == 0) p.lse[(q_begin + row) * p.lse_row_stride + head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
+  }
+}
+
+}  // namespace kiln
