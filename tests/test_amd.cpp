@@ -96,7 +96,7 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
     for (const Signature& sig : amd_signatures()) {
       SCOPED_TRACE(fmt::format("{} {}", arch, sig.canonical()));
       const CompiledKernel k = compile_for_target(sig, arch);
-      EXPECT_EQ(k.kernel.substr(k.kernel.size() - 4), ".amd");
+      EXPECT_EQ(Registry::global().find(k.kernel)->backend, Backend::kHip) << k.kernel;
       EXPECT_EQ(k.compiler.rfind("clang ", 0), 0u) << k.compiler;
       const auto info = read_code_object(k.binary);
       EXPECT_EQ(info.arch, arch);
@@ -104,6 +104,12 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
       const std::string text = disassemble(k.binary, arch);
       EXPECT_NE(text.find("s_endpgm"), std::string::npos) << text.substr(0, 2000);
       EXPECT_NE(text.find("global_load"), std::string::npos);
+      if (sig.op().mode == kModePrefill) {
+        // The matrix-core prefill kernel: CDNA4's 32x32x16 MFMA on gfx950, CDNA3's 32x32x8 on gfx942.
+        EXPECT_EQ(k.kernel, "attention.prefill.mfma");
+        const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
+        EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
+      }
       if (sig.op().mode == kModeApply) continue;
       // The portable warp reduction on AMD: a cross-lane permute through LDS hardware.
       EXPECT_NE(text.find("ds_bpermute_b32"), std::string::npos);
@@ -165,7 +171,11 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
     EXPECT_EQ(info.arch, "gfx90a");
     ASSERT_EQ(info.kernels.size(), 1u);
     EXPECT_EQ(info.kernels.front(), k.lowered_name);
-    EXPECT_NE(disassemble(k.binary, "gfx90a").find("ds_bpermute_b32"), std::string::npos);
+    const std::string text = disassemble(k.binary, "gfx90a");
+    EXPECT_NE(text.find("ds_bpermute_b32"), std::string::npos);
+    if (sig.op().mode == kModePrefill) {
+      EXPECT_NE(text.find("v_mfma_f32_32x32x8bf16_1k"), std::string::npos);
+    }
   }
 }
 

@@ -7,7 +7,7 @@
 //   KILN_NVRTC      NVRTC (NVIDIA). CUDA's keywords and built-ins are predefined.
 //   KILN_HIPRTC     hipRTC (AMD). HIP's keywords and built-ins are predefined.
 //   KILN_HIP_CLANG  clang -x hip -nogpuinc (AMD, offline). Nothing is predefined: the keywords,
-//                   threadIdx/blockIdx/blockDim, __syncthreads and the math used by kiln's
+//                   threadIdx/blockIdx/blockDim/gridDim, __syncthreads and the math used by kiln's
 //                   kernels are defined below from clang's AMDGPU built-ins.
 // Warps: kiln's portable kernels are written for a warp of 32 lanes (kWarp). On AMD, where a
 // wavefront has 64, such a warp is half a wavefront: shuffles stay inside their 32-lane half, and
@@ -38,10 +38,17 @@ __device__ __forceinline__ Dim3 block_index() {
 __device__ __forceinline__ Dim3 block_size() {
   return {__builtin_amdgcn_workgroup_size_x(), __builtin_amdgcn_workgroup_size_y(), __builtin_amdgcn_workgroup_size_z()};
 }
+// Blocks per grid: the dispatch packet counts work-items.
+__device__ __forceinline__ Dim3 grid_blocks() {
+  return {__builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(),
+          __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y(),
+          __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z()};
+}
 }  // namespace kiln::amd
 #define threadIdx (::kiln::amd::thread_index())
 #define blockIdx (::kiln::amd::block_index())
 #define blockDim (::kiln::amd::block_size())
+#define gridDim (::kiln::amd::grid_blocks())
 
 // A workgroup barrier that also orders shared (LDS) and global memory, as __syncthreads does.
 __device__ __forceinline__ void __syncthreads() {
@@ -55,6 +62,7 @@ __device__ __forceinline__ int __float_as_int(float v) { return __builtin_bit_ca
 __device__ __forceinline__ unsigned __float_as_uint(float v) { return __builtin_bit_cast(unsigned, v); }
 __device__ __forceinline__ float expf(float v) { return __builtin_expf(v); }
 __device__ __forceinline__ float __expf(float v) { return __builtin_expf(v); }
+__device__ __forceinline__ float exp2f(float v) { return __builtin_exp2f(v); }
 __device__ __forceinline__ float logf(float v) { return __builtin_logf(v); }
 __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }

@@ -1,0 +1,199 @@
+// Prefill attention on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4), same
+// semantics as the reference. COMPILE-VERIFIED ONLY: no AMD GPU has run this kernel.
+//
+// One wavefront (64 lanes) owns 32 query rows of one head and walks 32-key blocks, reading K and
+// V straight from global memory (L2 serves the other wavefronts of the head). Both products are
+// computed transposed so the softmax state never crosses lanes:
+//   S^T = K Q^T  (32 keys x 32 queries): lane l holds query l % 32 and 16 of the block's keys;
+//   O^T = V^T P^T (D dims x 32 queries): P^T's accumulator layout is exactly the B operand this
+//                 product needs, and lane l again holds query l % 32.
+// 32x32 MFMA layouts (wave64): operand A[i][k] sits in lane i + 32 * (k / kK2) as item k % kK2 of
+// its kK2 values (kK2 = half the k-width); B[k][j] in lane j + 32 * (k / kK2); accumulator D[i][j]
+// in lane j + 32 * ((i / 4) % 2), register 4 * (i / 8) + i % 4. gfx950 uses CDNA4's 32x32x16
+// instructions (k-width 16), the others 32x32x8 (k-width 8). Any fixed permutation of a product's
+// reduction index is harmless when A and B share it; the P^T operand of the 16-wide product takes
+// the key order its accumulator layout gives (keys 8 (r / 4) + 4 h + r % 4), and V^T follows it.
+// Launch: grid (ceil(max_seqlen_q / 32), Hq, batch), block 64.
+#pragma once
+
+#include "attention/params.h"
+#include "common/prelude.cuh"
+
+namespace kiln {
+
+#if defined(KILN_AMD)
+
+typedef float mfma_f32x16 __attribute__((ext_vector_type(16)));
+#if defined(__gfx950__)
+enum { kMfmaK = 16 };  // CDNA4: v_mfma_f32_32x32x16_{bf16,f16}
+typedef __bf16 mfma_bf16x8 __attribute__((ext_vector_type(8)));
+typedef _Float16 mfma_f16x8 __attribute__((ext_vector_type(8)));
+#else
+enum { kMfmaK = 8 };  // CDNA2/3: v_mfma_f32_32x32x8{bf16_1k,f16}
+typedef short mfma_i16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 mfma_f16x4 __attribute__((ext_vector_type(4)));
+#endif
+enum { kMfmaHalfK = kMfmaK / 2 };  // operand values per lane
+
+// One 32x32xkMfmaK product: `a` and `b` hold this lane's kMfmaHalfK 16-bit values (raw bits).
+template <typename T>
+__device__ __forceinline__ mfma_f32x16 mfma_32x32(const u16 (&a)[kMfmaHalfK], const u16 (&b)[kMfmaHalfK], mfma_f32x16 c) {
+#if defined(__gfx950__)
+  if constexpr (__is_same(T, bf16)) {
+    mfma_bf16x8 va, vb;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) va[i] = __builtin_bit_cast(__bf16, a[i]), vb[i] = __builtin_bit_cast(__bf16, b[i]);
+    return __builtin_amdgcn_mfma_f32_32x32x16_bf16(va, vb, c, 0, 0, 0);
+  } else {
+    mfma_f16x8 va, vb;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
+    return __builtin_amdgcn_mfma_f32_32x32x16_f16(va, vb, c, 0, 0, 0);
+  }
+#else
+  if constexpr (__is_same(T, bf16)) {
+    mfma_i16x4 va, vb;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
+    return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(va, vb, c, 0, 0, 0);
+  } else {
+    mfma_f16x4 va, vb;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
+    return __builtin_amdgcn_mfma_f32_32x32x8f16(va, vb, c, 0, 0, 0);
+  }
+#endif
+}
+
+// The value of lane `lane ^ 32`: the other half of the wavefront, same query.
+__device__ __forceinline__ float other_half(float v) {
+  const int lane = static_cast<int>(__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)));
+  return __int_as_float(__builtin_amdgcn_ds_bpermute((lane ^ 32) << 2, __float_as_int(v)));
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
+  constexpr int kBlock = 32;                  // queries per wavefront, keys per block
+  constexpr int kKSteps = kHeadDim / kMfmaK;  // steps of S^T = K Q^T
+  constexpr int kDBlocks = kHeadDim / 32;     // 32-dim row blocks of O^T
+  constexpr int kPSteps = kBlock / kMfmaK;    // steps of O^T = V^T P^T per key block
+  const int lane = static_cast<int>(threadIdx.x), col = lane & 31, h = lane >> 5;
+  const int q_block = gridDim.x - 1 - blockIdx.x;  // longest first under causal masking
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int q_begin = p.cu_seqlens_q[b], len_q = p.cu_seqlens_q[b + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[b], len_k = p.cu_seqlens_k[b + 1] - k_begin;
+  const int q0 = q_block * kBlock;
+  if (q0 >= len_q) return;
+  const int kv_head = head / (p.num_heads_q / p.num_heads_kv);
+
+  const int shift = len_k - len_q;
+  const bool upper_bound = p.causal || p.window_left >= 0;
+  const int last_row = min(len_q, q0 + kBlock) - 1;
+  const int key_end = upper_bound ? min(len_k, last_row + shift + 1) : len_k;
+  const int key_start = p.window_left >= 0 ? max(0, q0 + shift - p.window_left) : 0;
+
+  // Q^T as B operands: lane (col, h) holds query q0 + col, dims ks * kMfmaK + h * kMfmaHalfK + i.
+  const int query = q0 + col;
+  const bool query_valid = query < len_q;
+  const u16* q_row = static_cast<const u16*>(p.q) + (q_begin + (query_valid ? query : 0)) * p.q_row_stride + head * p.q_head_stride;
+  u16 qb[kKSteps][kMfmaHalfK];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int i = 0; i < kMfmaHalfK; ++i) qb[ks][i] = query_valid ? q_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
+  }
+
+  const u16* k_base = static_cast<const u16*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
+  const u16* v_base = static_cast<const u16*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  mfma_f32x16 o[kDBlocks];
+#pragma unroll
+  for (int d = 0; d < kDBlocks; ++d) o[d] = mfma_f32x16{};
+  float m_run = neg_inf(), l_run = 0.0f;  // log2 domain; l_run sums this lane's keys only
+  const float log2e = 1.4426950408889634f;
+  const int position = query + shift;
+
+  for (int key0 = (key_start / kBlock) * kBlock; key0 < key_end; key0 += kBlock) {
+    // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
+    const int a_key = key0 + col;
+    const bool a_valid = a_key < len_k;
+    const u16* k_row = k_base + (a_valid ? a_key : 0) * p.k_row_stride;
+    mfma_f32x16 s = mfma_f32x16{};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      u16 ka[kMfmaHalfK];
+#pragma unroll
+      for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = a_valid ? k_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
+      s = mfma_32x32<T>(ka, qb[ks], s);
+    }
+    // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
+    float block_max = neg_inf();
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int key = key0 + 8 * (r / 4) + 4 * h + r % 4;
+      float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
+      if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
+        v = neg_inf();
+      }
+      x[r] = v;
+      block_max = fmaxf(block_max, v);
+    }
+    block_max = fmaxf(block_max, other_half(block_max));
+    const float new_m = fmaxf(m_run, block_max);
+    const float factor = m_run == neg_inf() ? 0.0f : exp2f(m_run - new_m);
+    m_run = new_m;
+    l_run *= factor;
+    u16 pt[16];  // P^T in this lane's accumulator order, as 16-bit values
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float pr = x[r] == neg_inf() ? 0.0f : exp2f(x[r] - new_m);
+      l_run += pr;
+      pt[r] = from_float<T>(pr).bits;
+    }
+#pragma unroll
+    for (int d = 0; d < kDBlocks; ++d) o[d] *= factor;
+
+    // O^T += V^T P^T, kMfmaK keys per step. B item i of step t is pt[r], r = t * kMfmaHalfK + i, in
+    // the accumulator's key order; A takes V at the same keys: key0 + 8 (r / 4) + 4 h + r % 4.
+#pragma unroll
+    for (int t = 0; t < kPSteps; ++t) {
+      u16 pb[kMfmaHalfK];
+#pragma unroll
+      for (int i = 0; i < kMfmaHalfK; ++i) pb[i] = pt[t * kMfmaHalfK + i];
+#pragma unroll
+      for (int d = 0; d < kDBlocks; ++d) {
+        u16 va[kMfmaHalfK];
+#pragma unroll
+        for (int i = 0; i < kMfmaHalfK; ++i) {
+          const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
+          va[i] = key < len_k ? v_base[key * p.v_row_stride + 32 * d + col] : u16(0);  // P is 0 there; no NaN
+        }
+        o[d] = mfma_32x32<T>(va, pb, o[d]);
+      }
+    }
+  }
+
+  // Finish this lane's query: both halves' sums, the sink, normalization, lse.
+  float l = l_run + other_half(l_run);
+  float m_nat = m_run == neg_inf() ? neg_inf() : m_run / log2e, scale_o = 1.0f;
+  if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
+    const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
+    scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
+    l = l * scale_o + __expf(sink - with_sink);
+    m_nat = with_sink;
+  }
+  if (!query_valid) return;
+  const float inv = l > 0.0f ? scale_o / l : 0.0f;
+  T* out = static_cast<T*>(p.out) + (q_begin + query) * p.out_row_stride + head * p.out_head_stride;
+  // O^T register r of block d holds dim 32 d + 8 (r / 4) + 4 h + r % 4.
+#pragma unroll
+  for (int d = 0; d < kDBlocks; ++d) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) out[32 * d + 8 * (r / 4) + 4 * h + r % 4] = from_float<T>(o[d][r] * inv);
+  }
+  if (p.lse != nullptr && h == 0) p.lse[(q_begin + query) * p.lse_row_stride + head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
+}
+
+#endif  // KILN_AMD
+
+}  // namespace kiln

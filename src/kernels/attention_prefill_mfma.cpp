@@ -1,0 +1,44 @@
+// Registration of the AMD matrix-core prefill kernel (kernel-sources/attention/prefill_mfma.cuh).
+// Compile-verified for gfx90a (hipRTC), gfx942 and gfx950 (clang); no AMD GPU has run it.
+#include <fmt/format.h>
+
+#include "attention/params.h"
+#include "kiln/registry.hpp"
+
+namespace kiln {
+
+KILN_REGISTER_KERNEL(attention_prefill_mfma) {
+  KernelSpec spec;
+  spec.name = "attention.prefill.mfma";
+  spec.family = kFamilyAttention;
+  spec.mode = kModePrefill;
+  spec.backend = Backend::kHip;
+  spec.priority = Priority::kPortable;
+  spec.specificity = 2;
+  spec.requirements.vendor = Vendor::kAmd;
+  spec.requirements.min_arch = 910;  // gfx90a: 32x32x8 bf16_1k MFMA
+  spec.requirements.features = {"mma:mfma"};
+  spec.source = "attention/prefill_mfma.cuh";
+  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
+    const std::string& dtype = sig.get("dtype");
+    if (dtype != "bf16" && dtype != "f16") return fmt::format("dtype {} unsupported (supported: bf16, f16)", dtype);
+    const int64_t d = sig.get_int("head_dim");
+    if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
+    return std::nullopt;
+  };
+  spec.specialize = [](const Signature& sig, const Platform&) {
+    return Specialization{fmt::format("kiln::prefill_mfma<kiln::{}, {}>", sig.get("dtype"), sig.get_int("head_dim")), {}};
+  };
+  spec.launch_shape = [](const void* params, const Platform&) {
+    const auto& p = *static_cast<const KilnPrefillParams*>(params);
+    LaunchShape shape;
+    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + 31) / 32);  // 32 queries per wavefront
+    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
+    shape.grid[2] = static_cast<uint32_t>(p.batch);
+    shape.block[0] = 64;
+    return shape;
+  };
+  return spec;
+}
+
+}  // namespace kiln
