@@ -124,6 +124,8 @@ class ManifestParser {
       const size_t at = std::min(e.byte, text_.size());
       const int line = 1 + static_cast<int>(std::count(text_.begin(), text_.begin() + static_cast<long>(at), '\n'));
       throw Error(ErrorCode::kInvalidArgument, fmt::format("{}:{}: not valid JSON: {}", source_, line, e.what()));
+    } catch (const json::exception& e) {  // e.g. a number too large for a double (out_of_range 406)
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not valid JSON: {}", source_, e.what()));
     }
     if (!root.is_object()) fail("", "the manifest must be a JSON object");
     for (const auto& [key, value] : root.items()) {
