@@ -16,6 +16,7 @@
 #pragma once
 
 #include "attention/decode_merge.cuh"
+#include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "common/cluster.cuh"
 #include "common/mma_sm80.cuh"
@@ -229,33 +230,7 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
         tile_max[half] = fmaxf(tile_max[half], x);
       }
     }
-    float factor[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
-      const float new_m = fmaxf(m_row[half], tile_max[half]);
-      factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2f(m_row[half] - new_m);
-      m_row[half] = new_m;
-      l_row[half] *= factor[half];
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        const float pe = s[n][e] == neg_inf() ? 0.0f : exp2f(s[n][e] - m_row[half]);
-        s[n][e] = pe;
-        l_row[half] += pe;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      o[n][0] *= factor[0];
-      o[n][1] *= factor[0];
-      o[n][2] *= factor[1];
-      o[n][3] *= factor[1];
-    }
+    online_softmax_step(s, tile_max, m_row, l_row, o);
     // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
     const unsigned pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
                             pack2<M>(s[1][2], s[1][3])};
@@ -278,8 +253,7 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows g and g + 8.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 1);
-    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 2);
+    l_row[half] = quad_sum(l_row[half]);
     const int r = g + 8 * half;
     if (r < kRows) {
 #pragma unroll

@@ -7,23 +7,22 @@
 // or window band are skipped, not masked; only blocks on a band edge or past the end are masked.
 // Query blocks are visited last-first, so under causal masking the longest ones start first.
 // Launch: grid (ceil(max_seqlen_q / 64), Hq, batch), block 128, dynamic shared memory
-// prefill_mma_shared_bytes(head_dim) (Q tile plus two stages of K and V tiles).
+// (64 + 2 x 2 x 64) x head_dim x 2 bytes: the Q tile plus two stages of K and V tiles.
 #pragma once
 
+#include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
 
-__host__ __device__ constexpr int prefill_mma_shared_bytes(int head_dim) { return (64 + 2 * 2 * 64) * head_dim * 2; }
-
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
 __device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillParams p) {
-  constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4;
+  constexpr int kBlockQ = 64, kBlockK = 64;
   constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;        // k-steps of Q K^T
   constexpr int kDTiles = kHeadDim / 8;         // n-tiles of O
@@ -141,33 +140,7 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
         tile_max[half] = fmaxf(tile_max[half], x);
       }
     }
-    float factor[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
-      const float new_m = fmaxf(m_row[half], tile_max[half]);
-      factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2f(m_row[half] - new_m);
-      m_row[half] = new_m;
-      l_row[half] *= factor[half];
-    }
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        const float pe = s[n][e] == neg_inf() ? 0.0f : exp2f(s[n][e] - m_row[half]);
-        s[n][e] = pe;
-        l_row[half] += pe;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      o[n][0] *= factor[0];
-      o[n][1] *= factor[0];
-      o[n][2] *= factor[1];
-      o[n][3] *= factor[1];
-    }
+    online_softmax_step(s, tile_max, m_row, l_row, o);
     // O += P V over the block's keys, 16 at a time: P's A fragments are S's accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
@@ -187,8 +160,7 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
   // Finish each row: the quad's partial sums, the sink, normalization, lse.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 1);
-    l_row[half] += __shfl_xor_sync(0xffffffffu, l_row[half], 2);
+    l_row[half] = quad_sum(l_row[half]);
     const int row = row_lo + 8 * half;
     float m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] / log2e;
     float l = l_row[half], scale_o = 1.0f;

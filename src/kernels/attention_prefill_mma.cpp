@@ -11,7 +11,7 @@ namespace {
 
 constexpr int kBlockQ = 64;  // query rows per CTA
 
-// Q tile plus two stages of K and V tiles, 64 rows each (prefill_mma_shared_bytes in the kernel).
+// Q tile plus two stages of K and V tiles, 64 rows each: the layout of prefill_mma_sm80.cuh.
 uint32_t shared_bytes(int head_dim) { return static_cast<uint32_t>((64 + 2 * 2 * 64) * head_dim * 2); }
 
 }  // namespace
