@@ -7,6 +7,7 @@
 
 #include "attention/params.h"
 #include "kiln/registry.hpp"
+#include "kernels/signature_checks.hpp"
 
 namespace kiln {
 namespace {
@@ -23,16 +24,16 @@ constexpr int kCopyStages = 2;
 // or 128, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 at most 8
 // (static shared memory: 48 KB).
 std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp8_cache) {
+  if (auto why = detail::check_16bit_dtype(sig)) return why;
   const std::string& dtype = sig.get("dtype");
-  if (dtype != "bf16" && dtype != "f16") return fmt::format("dtype {} unsupported (supported: bf16, f16)", dtype);
   const std::string wanted_cache = fp8_cache ? "e4m3" : dtype;
   if (sig.get("kv_dtype") != wanted_cache) {
     return fmt::format("kv_dtype {} unsupported (supported: {})", sig.get("kv_dtype"),
                        fp8_cache ? "e4m3; a 16-bit cache runs on attention.decode.mma_cluster"
                                  : "the same as dtype; an e4m3 cache runs on attention.decode.mma_cluster_fp8");
   }
+  if (auto why = detail::check_head_dim_64_or_128(sig)) return why;
   const int64_t d = sig.get_int("head_dim");
-  if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
   const int64_t page = sig.get_int("page_size");
   if (page < 16 || page > 128 || (page & (page - 1)) != 0) {
     return fmt::format("page_size {} unsupported (supported: 16, 32, 64, 128: a 16-token tile must lie in one page)", page);

@@ -5,6 +5,7 @@
 #include "attention/params.h"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
+#include "kernels/signature_checks.hpp"
 
 namespace kiln {
 namespace {
@@ -28,11 +29,8 @@ KILN_REGISTER_KERNEL(attention_prefill_mma) {
   spec.requirements.features = {"mma:mma_sync", "memory:cp_async"};
   spec.source = "attention/prefill_mma_sm80.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
-    const std::string& dtype = sig.get("dtype");
-    if (dtype != "bf16" && dtype != "f16") return fmt::format("dtype {} unsupported (supported: bf16, f16)", dtype);
-    const int64_t d = sig.get_int("head_dim");
-    if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
-    return std::nullopt;
+    if (auto why = detail::check_16bit_dtype(sig)) return why;
+    return detail::check_head_dim_64_or_128(sig);
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{fmt::format("kiln::prefill_mma_sm80<kiln::{}, {}>", sig.get("dtype"), sig.get_int("head_dim")), {}};

@@ -4,6 +4,7 @@
 #include "attention/params.h"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
+#include "kernels/signature_checks.hpp"
 #include "kernels/portable_kernel.hpp"
 
 namespace kiln {
@@ -25,12 +26,6 @@ std::optional<std::string> check_head_dim(const Signature& sig) {
   return std::nullopt;
 }
 
-std::optional<std::string> check_dtype(const Signature& sig, const char* key) {
-  const std::string& dtype = sig.get(key);
-  if (dtype != "bf16" && dtype != "f16") return fmt::format("{} {} unsupported (supported: bf16, f16)", key, dtype);
-  return std::nullopt;
-}
-
 uint32_t ceil_div(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
 Requirements any_nvidia_since_ampere() {
@@ -49,7 +44,7 @@ KernelSpec prefill_reference_spec() {
   spec.requirements = any_nvidia_since_ampere();
   spec.source = "attention/prefill_reference.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
-    if (auto why = check_dtype(sig, "dtype")) return why;
+    if (auto why = detail::check_16bit_dtype(sig)) return why;
     return check_head_dim(sig);
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
@@ -78,7 +73,7 @@ KernelSpec decode_reference_spec() {
   spec.requirements = any_nvidia_since_ampere();
   spec.source = "attention/decode_reference.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
-    if (auto why = check_dtype(sig, "dtype")) return why;
+    if (auto why = detail::check_16bit_dtype(sig)) return why;
     const std::string& kv = sig.get("kv_dtype");
     if (kv != sig.get("dtype") && kv != "e4m3") {
       return fmt::format("kv_dtype {} unsupported with dtype {} (supported: the same, or e4m3)", kv, sig.get("dtype"));

@@ -1,0 +1,28 @@
+// Signature checks shared by the built-in kernels' `accepts`: nullopt when the signature passes,
+// else the reason, naming the key and what is supported.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kiln/registry.hpp"
+
+namespace kiln::detail {
+
+// `key` ("dtype") is bf16 or f16.
+inline std::optional<std::string> check_16bit_dtype(const Signature& sig, const char* key = "dtype") {
+  const std::string& dtype = sig.get(key);
+  if (dtype != "bf16" && dtype != "f16") return fmt::format("{} {} unsupported (supported: bf16, f16)", key, dtype);
+  return std::nullopt;
+}
+
+// head_dim 64 or 128: the tensor-core kernels' tile shapes.
+inline std::optional<std::string> check_head_dim_64_or_128(const Signature& sig) {
+  const int64_t d = sig.get_int("head_dim");
+  if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
+  return std::nullopt;
+}
+
+}  // namespace kiln::detail
