@@ -38,4 +38,14 @@ void* DynamicLibrary::symbol(const char* name) const {
   return sym;
 }
 
+OptionalLibrary load_optional_library(std::string what, const std::vector<std::string>& candidates) {
+  OptionalLibrary l;
+  try {
+    l.library = std::make_unique<DynamicLibrary>(std::move(what), candidates);
+  } catch (const Error& e) {
+    l.failure = e.message();
+  }
+  return l;
+}
+
 }  // namespace kiln::detail

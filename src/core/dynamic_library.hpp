@@ -2,6 +2,7 @@
 // exactly which library or symbol is missing only when it is needed.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,13 @@ class DynamicLibrary {
   std::string path_;
   void* handle_ = nullptr;
 };
+
+// A vendor library that may be absent, loaded once: the library, or the reason none of the
+// candidates loaded, so every later use reports the same reason quickly.
+struct OptionalLibrary {
+  std::unique_ptr<DynamicLibrary> library;
+  std::string failure;
+};
+OptionalLibrary load_optional_library(std::string what, const std::vector<std::string>& candidates);
 
 }  // namespace kiln::detail

@@ -12,24 +12,12 @@
 namespace kiln::detail::cuda {
 namespace {
 
-// Loaded once; a failure is remembered so every later call reports the same reason quickly.
-struct DriverLibrary {
-  std::unique_ptr<DynamicLibrary> library;
-  std::string failure;
-};
-
-const DriverLibrary& driver_library() {
-  static const DriverLibrary lib = [] {
-    DriverLibrary l;
+const OptionalLibrary& driver_library() {
+  static const OptionalLibrary lib = [] {
     // KILN_LIBCUDA names the one library to use (also how tests simulate a missing driver).
-    std::vector<std::string> candidates = {"libcuda.so.1", "libcuda.so"};
-    if (auto path = env_string("KILN_LIBCUDA")) candidates = {*path};
-    try {
-      l.library = std::make_unique<DynamicLibrary>("the NVIDIA driver (libcuda)", candidates);
-    } catch (const Error& e) {
-      l.failure = e.message();
-    }
-    return l;
+    const auto named = env_string("KILN_LIBCUDA");
+    return load_optional_library("the NVIDIA driver (libcuda)",
+                                 named ? std::vector<std::string>{*named} : std::vector<std::string>{"libcuda.so.1", "libcuda.so"});
   }();
   return lib;
 }
@@ -37,7 +25,7 @@ const DriverLibrary& driver_library() {
 }  // namespace
 
 void* driver_symbol(const char* name) {
-  const DriverLibrary& lib = driver_library();
+  const OptionalLibrary& lib = driver_library();
   if (!lib.library) {
     throw Error(ErrorCode::kDriverError,
                 fmt::format("{} needs the NVIDIA driver, which is not available: {}", name, lib.failure));

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "backends/hip/code_object.hpp"
+#include "backends/hip/rocm_library.hpp"
 #include "core/dynamic_library.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
@@ -35,22 +37,7 @@ using GetCode = hiprtcResult (*)(hiprtcProgram, char*);
 using GetProgramLogSize = hiprtcResult (*)(hiprtcProgram, size_t*);
 using GetProgramLog = hiprtcResult (*)(hiprtcProgram, char*);
 
-std::vector<std::string> hiprtc_candidates() {
-  if (auto path = env_string("KILN_LIBHIPRTC")) return {*path};
-  std::vector<std::string> dirs;
-  if (auto root = env_string("ROCM_PATH")) dirs.push_back(*root + "/lib/");
-  dirs.push_back("/opt/rocm/lib/");
-  dirs.push_back("");
-  std::vector<std::string> candidates;
-  for (const char* soname : {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.5"}) {
-    for (const auto& dir : dirs) candidates.push_back(dir + soname);
-  }
-  return candidates;
-}
-
-struct HiprtcLibrary {
-  std::unique_ptr<DynamicLibrary> library;
-  std::string failure;
+struct HiprtcLibrary : OptionalLibrary {
   std::string file;     // the real file, links resolved: ".../libamdhip64.so.5.2.21153"
   std::string release;  // "5.2.21153", from the file name; empty when it has no version
   int major = 0, minor = 0;
@@ -59,22 +46,26 @@ struct HiprtcLibrary {
 const HiprtcLibrary& hiprtc_library() {
   static const HiprtcLibrary lib = [] {
     HiprtcLibrary l;
+    static_cast<OptionalLibrary&>(l) = load_optional_library(
+        "hipRTC (libhiprtc, or libamdhip64 of ROCm 5)",
+        rocm_library_candidates("KILN_LIBHIPRTC", {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.5"}));
+    if (!l.library) return l;
+    Dl_info info{};
     try {
-      l.library = std::make_unique<DynamicLibrary>("hipRTC (libhiprtc, or libamdhip64 of ROCm 5)", hiprtc_candidates());
-      Dl_info info{};
       if (dladdr(l.library->symbol("hiprtcCreateProgram"), &info) != 0 && info.dli_fname != nullptr) {
         std::error_code ec;
         l.file = std::filesystem::canonical(info.dli_fname, ec).string();
         if (ec) l.file = info.dli_fname;
       }
-      const auto at = l.file.rfind(".so.");
-      if (at != std::string::npos) {
-        l.release = l.file.substr(at + 4);
-        std::sscanf(l.release.c_str(), "%d.%d", &l.major, &l.minor);
-      }
-    } catch (const Error& e) {
+    } catch (const Error& e) {  // a libamdhip64 without hipRTC in it
       l.library.reset();
       l.failure = e.message();
+      return l;
+    }
+    const auto at = l.file.rfind(".so.");
+    if (at != std::string::npos) {
+      l.release = l.file.substr(at + 4);
+      std::sscanf(l.release.c_str(), "%d.%d", &l.major, &l.minor);
     }
     return l;
   }();

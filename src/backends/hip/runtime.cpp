@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "backends/hip/device_properties.hpp"
+#include "backends/hip/rocm_library.hpp"
 #include "core/dynamic_library.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
@@ -29,38 +30,15 @@ using ModuleUnload = hipError_t (*)(void*);
 using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                           unsigned, void*, void**, void**);
 
-struct RuntimeLibrary {
-  std::unique_ptr<DynamicLibrary> library;
-  std::string failure;
-};
-
-const RuntimeLibrary& runtime_library() {
-  static const RuntimeLibrary lib = [] {
-    RuntimeLibrary l;
-    std::vector<std::string> candidates;
-    if (auto path = env_string("KILN_LIBAMDHIP64")) {
-      candidates = {*path};
-    } else {
-      std::vector<std::string> dirs;
-      if (auto root = env_string("ROCM_PATH")) dirs.push_back(*root + "/lib/");
-      dirs.push_back("/opt/rocm/lib/");
-      dirs.push_back("");
-      for (const char* soname : {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"}) {
-        for (const auto& dir : dirs) candidates.push_back(dir + soname);
-      }
-    }
-    try {
-      l.library = std::make_unique<DynamicLibrary>("the HIP runtime (libamdhip64)", candidates);
-    } catch (const Error& e) {
-      l.failure = e.message();
-    }
-    return l;
-  }();
+const OptionalLibrary& runtime_library() {
+  static const OptionalLibrary lib = load_optional_library(
+      "the HIP runtime (libamdhip64)",
+      rocm_library_candidates("KILN_LIBAMDHIP64", {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"}));
   return lib;
 }
 
 void* runtime_symbol(const char* name) {
-  const RuntimeLibrary& lib = runtime_library();
+  const OptionalLibrary& lib = runtime_library();
   if (!lib.library) {
     throw Error(ErrorCode::kDriverError, fmt::format("{} needs the HIP runtime, which is not available: {}", name, lib.failure));
   }
@@ -96,7 +74,7 @@ void check(hipError_t status, const char* call) {
 
 // ROCm 6 and newer export the old layout under this name; ROCm 5's plain name has it.
 GetDeviceProperties properties_entry() {
-  const RuntimeLibrary& lib = runtime_library();
+  const OptionalLibrary& lib = runtime_library();
   if (lib.library) {
     try {
       return reinterpret_cast<GetDeviceProperties>(lib.library->symbol("hipGetDevicePropertiesR0000"));
