@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -110,14 +112,27 @@ void write_file(const fs::path& root, const std::string& name, const std::string
   if (!out) throw Error(ErrorCode::kCompileFailed, fmt::format("cannot write {}", file.string()));
 }
 
-std::optional<int> clang_major_version(const std::string& path, std::string* version_text) {
+// `path --version` (empty when it fails), run once per path: every compile request asks which
+// clang it gets, and a KILN_CLANG binary is checked each time.
+std::string version_text_of(const std::string& path) {
+  static std::mutex mutex;
+  static std::map<std::string, std::string> texts;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = texts.find(path);
+  if (it != texts.end()) return it->second;
   TemporaryFolder folder;
   const ProcessResult r = run_process({path, "--version"}, folder.path() / "version.txt", 30);
-  if (r.timed_out || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) return std::nullopt;
-  if (version_text) *version_text = r.output;
-  const auto at = r.output.find("version ");
+  const bool ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+  return texts.emplace(path, ok ? r.output : std::string()).first->second;
+}
+
+std::optional<int> clang_major_version(const std::string& path, std::string* version_text) {
+  const std::string text = version_text_of(path);
+  if (text.empty()) return std::nullopt;
+  if (version_text) *version_text = text;
+  const auto at = text.find("version ");
   if (at == std::string::npos) return std::nullopt;
-  return std::atoi(r.output.c_str() + at + 8);
+  return std::atoi(text.c_str() + at + 8);
 }
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
