@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "attention/params.h"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
 
@@ -197,6 +198,40 @@ TEST(Selector, ConcurrentRegistrationAndSelection) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(r.kernels().size(), 1u + 4 * 200);
   EXPECT_EQ(r.select(sig_with_head_dim(1199), h)->priority, Priority::kPortable);
+}
+
+// The tensor-core decode kernel's grid on an H200-sized part (132 SMs, 227 KB per block): batches
+// that fill the SMs run unsplit 4-warp CTAs; smaller ones one 8-warp CTA per SM, split over a
+// cluster; a 16-CTA cluster of CTAs too large for two per SM falls back to 4 warps.
+TEST(Selector, DecodeClusterGridFollowsTheBatch) {
+  const auto spec = Registry::global().find("attention.decode.mma_cluster");
+  ASSERT_TRUE(spec);
+  Platform h200;
+  h200.vendor = Vendor::kNvidia;
+  h200.multiprocessor_count = 132;
+  h200.shared_memory_per_block = 227 * 1024;
+  auto shape = [&](int batch, int context, int head_dim) {
+    KilnDecodeParams p{};
+    p.batch = batch;
+    p.num_heads_kv = 8;
+    p.head_dim = head_dim;
+    p.page_size = 16;
+    p.max_pages_per_seq = context / 16;
+    return spec->launch_shape(&p, h200);
+  };
+  const uint32_t warp_bytes_d128 = 2 * 16 * (2 * 136 + 2 * 136), warp_bytes_d64 = 2 * 16 * (2 * 96 + 2 * 72);
+  LaunchShape s = shape(8, 32768, 128);  // 64 pairs: 2 splits
+  EXPECT_EQ((std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}), (std::array<uint32_t, 5>{2, 8, 8, 256, 2}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 8 * warp_bytes_d128);
+  s = shape(64, 4096, 64);  // 512 pairs: unsplit
+  EXPECT_EQ((std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}), (std::array<uint32_t, 5>{1, 8, 64, 128, 0}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d64);
+  s = shape(1, 131072, 64);  // 8 pairs: 16 splits, two 8-warp CTAs fit an SM
+  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{16, 256, 16}));
+  s = shape(1, 131072, 128);  // 16 splits of 139 KB CTAs would need 16 SMs of one GPC
+  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{16, 128, 16}));
+  s = shape(1, 320, 128);  // at least 256 tokens per split
+  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{1, 256, 0}));
 }
 
 }  // namespace

@@ -14,27 +14,27 @@ __device__ __forceinline__ float rescale(float old_max, float new_max) {
   return old_max == neg_inf() ? 0.0f : __expf(old_max - new_max);
 }
 
-// Merges the per-warp states (warp_acc[w][row][d], warp_m[w][row], warp_l[w][row]; rows
+// Merges the states of the first `warps` warps (warp_acc[w][row][d], warp_m[w][row], warp_l[w][row]; rows
 // r = j * kGroup + g) over the warps of the CTA, then over the CTAs of the cluster in rank 0,
 // adds the sink, and writes out (and lse).
-template <typename T, int kHeadDim, int kQLen, int kGroup, int kWarps>
-__device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kWarps][kQLen * kGroup][kHeadDim],
-                                float (&warp_m)[kWarps][kQLen * kGroup], float (&warp_l)[kWarps][kQLen * kGroup], int b,
-                                int kv_head, int splits) {
+template <typename T, int kHeadDim, int kQLen, int kGroup, int kMaxWarps>
+__device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kMaxWarps][kQLen * kGroup][kHeadDim],
+                                float (&warp_m)[kMaxWarps][kQLen * kGroup], float (&warp_l)[kMaxWarps][kQLen * kGroup],
+                                int warps, int b, int kv_head, int splits) {
   constexpr int kRows = kQLen * kGroup;
   __shared__ float cta_acc[kRows][kHeadDim];
   __shared__ float cta_m[kRows], cta_l[kRows];
   __syncthreads();
 
-  // Merge the warps of the CTA: thread i owns (row, dim) pairs i, i + 128, ...
+  // Merge the warps of the CTA: thread i owns (row, dim) pairs i, i + blockDim.x, ...
   for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
     const int r = i / kHeadDim, d = i % kHeadDim;
     float mm = neg_inf();
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, warp_m[w][r]);
+#pragma unroll 4
+    for (int w = 0; w < warps; ++w) mm = fmaxf(mm, warp_m[w][r]);
     float ll = 0.0f, aa = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+#pragma unroll 4
+    for (int w = 0; w < warps; ++w) {
       const float c = rescale(warp_m[w][r], mm);
       ll += warp_l[w][r] * c;
       aa += warp_acc[w][r][d] * c;

@@ -11,8 +11,8 @@
 // cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
 // V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale
 // and v_scale scales O.
-// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 128, dynamic shared memory
-// 4 x DecodeTileLayout::kWarpBytes; the merge is decode_merge.cuh's.
+// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 32 x warps (warps <= kDecodeMaxWarps),
+// dynamic shared memory warps x DecodeTileLayout::kWarpBytes; the merge is decode_merge.cuh's.
 #pragma once
 
 #include "attention/decode_merge.cuh"
@@ -38,14 +38,16 @@ template <typename A> struct SameType<A, A> { enum { value = 1 }; };
 template <typename T, typename Cache> struct MmaType { typedef T type; };
 template <typename T> struct MmaType<T, e4m3> { typedef f16 type; };
 
-// Stages of the per-warp copy ring. Two: three CTAs fit an SM at head_dim 128 (four at 64). Three
-// stages at head_dim 128 (two CTAs per SM) measured slower on an H200 (B8 ctx32768: 0.318-0.354
-// ms against 0.311-0.319). attention_decode_cluster.cpp sizes shared memory with the same number.
-__host__ __device__ constexpr int decode_mma_stages(int) { return 2; }
+// Warps per CTA, at most: the launch (attention_decode_cluster.cpp) picks 4 or 8 and the kernel
+// reads blockDim. Stages of each warp's copy ring: two. On an H200 a third or fourth stage was
+// slower wherever tried (bench/RESULTS.md). Enumerators, not constexpr variables: NVRTC emits a
+// namespace-scope constexpr as a global under a per-compile name, so the binary would differ from
+// compile to compile.
+enum : int { kDecodeMaxWarps = 8, kDecodeStages = 2 };
 
-// Shared memory of one warp, in bytes: kStages stages of [K tile | V tile] (16 rows each, padded
-// so the fragment reads and ldmatrix are conflict-free), plus for an e4m3 cache the f16 V tile
-// ldmatrix reads. attention_decode_cluster.cpp computes the same sizes.
+// Shared memory of one warp, in bytes: kDecodeStages stages of [K tile | V tile] (16 rows each,
+// padded so the fragment reads and ldmatrix are conflict-free), then for an e4m3 cache the f16 V
+// tile ldmatrix reads. attention_decode_cluster.cpp computes the same sizes.
 template <typename Cache, int kHeadDim>
 struct DecodeTileLayout {
   static constexpr bool kFp8 = SameType<Cache, e4m3>::value;
@@ -55,27 +57,26 @@ struct DecodeTileLayout {
   static constexpr int kVRowBytes = kFp8 ? kHeadDim + 16 : 2 * (kHeadDim + 8);
   static constexpr int kStageBytes = 16 * (kKRowBytes + kVRowBytes);
   static constexpr int kStagingRowBytes = 2 * (kHeadDim + 8);
-  static constexpr int kWarpBytes = decode_mma_stages(kHeadDim) * kStageBytes + (kFp8 ? 16 * kStagingRowBytes : 0);
+  static constexpr int kWarpBytes = kDecodeStages * kStageBytes + (kFp8 ? 16 * kStagingRowBytes : 0);
   static constexpr int kChunksPerRow = kHeadDim * static_cast<int>(sizeof(Cache)) / 16;  // 16-byte copies
 };
 
+// At most 168 registers: three 128-thread CTAs fit an SM (the batch-filled launches use them).
 template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup>
-__global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams p) {
+__global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
   constexpr int kRows = kQLen * kGroup;  // <= 16
-  constexpr int kWarps = 4;
   constexpr int kTile = 16;                   // tokens per warp iteration
   constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
-  constexpr int kStages = decode_mma_stages(kHeadDim);
 
   // Per warp Layout::kWarpBytes; after the token loop the same memory holds the per-warp softmax
   // states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows];
+  __shared__ float warp_m[kDecodeMaxWarps][kRows], warp_l[kDecodeMaxWarps][kRows];
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, c = lane & 3;  // mma groupID and thread-in-group
   const int splits = gridDim.x, split = blockIdx.x;
   const int kv_head = blockIdx.y, b = blockIdx.z;
@@ -130,8 +131,9 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   const int page_shift = __ffs(p.page_size) - 1;
   auto page_of = [&](int tile) -> long long { return tile < t1 ? pages[tile >> page_shift] : 0; };
 
-  unsigned char* const stages = shared_bytes + warp * Layout::kWarpBytes;
-  unsigned char* const v_staging = stages + kStages * Layout::kStageBytes;  // e4m3 cache only
+  constexpr int stages = kDecodeStages;
+  unsigned char* const ring = shared_bytes + warp * Layout::kWarpBytes;
+  unsigned char* const v_staging = ring + stages * Layout::kStageBytes;  // e4m3 cache only
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
   // empty group past the end.
@@ -140,38 +142,38 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
       const int slot = tile & (p.page_size - 1);
       const Cache* k_rows = static_cast<const Cache*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
       const Cache* v_rows = static_cast<const Cache*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
-      unsigned char* k_tile = stages + stage * Layout::kStageBytes;
+      unsigned char* k_tile = ring + stage * Layout::kStageBytes;
       unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
       constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Cache));  // elements per 16-byte copy
 #pragma unroll
       for (int i = 0; i < kTile * Layout::kChunksPerRow / 32; ++i) {
         const int idx = i * 32 + lane, tok = idx / Layout::kChunksPerRow, chunk = idx % Layout::kChunksPerRow;
         const bool valid = tile + tok < t1;  // rows past the end are still inside the page
-        copy16_async_or_zero(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk, valid);
-        copy16_async_or_zero(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk, valid);
+        copy16_async_or_zero_l2_256(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk, valid);
+        copy16_async_or_zero_l2_256(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk, valid);
       }
     }
     commit_copies();
   };
-  // A ring of kStages tiles per warp: while one is computed the next kStages - 1 are in flight.
+  // A ring of `stages` tiles per warp: while one is computed the next stages - 1 are in flight.
   // (One cp.async.bulk per K/V row with an mbarrier instead of 16-byte cp.async measured slower
   // on an H200: 0.35-0.51 ms against 0.27-0.32 ms at B8 ctx32768.)
-  constexpr int kStride = kWarps * kTile;  // a warp's consecutive tiles are this far apart
+  const int stride = warps * kTile;  // a warp's consecutive tiles are this far apart
   const int first_tile = t0 + warp * kTile;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(first_tile + s * kStride, s, page_of(first_tile + s * kStride));
-  long long next_page = page_of(first_tile + (kStages - 1) * kStride);
-  int read_stage = 0, write_stage = kStages - 1;
-  for (int base = first_tile; base < t1; base += kStride) {
-    const long long page_after_next = page_of(base + kStages * kStride);  // in flight during this tile
-    issue(base + (kStages - 1) * kStride, write_stage, next_page);  // into the stage read last iteration
+  for (int s = 0; s < stages - 1; ++s) issue(first_tile + s * stride, s, page_of(first_tile + s * stride));
+  long long next_page = page_of(first_tile + (stages - 1) * stride);
+  int read_stage = 0, write_stage = stages - 1;
+  for (int base = first_tile; base < t1; base += stride) {
+    const long long page_after_next = page_of(base + stages * stride);  // in flight during this tile
+    issue(base + (stages - 1) * stride, write_stage, next_page);  // into the stage read last iteration
     next_page = page_after_next;
-    wait_copies<kStages - 1>();  // this tile's group is complete
+    wait_copies<stages - 1>();  // this tile's group is complete
     __syncwarp();  // every lane's copies of this stage are in place
     const int stage = read_stage;
-    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
-    const unsigned char* k_tile = stages + stage * Layout::kStageBytes;
+    read_stage = read_stage == stages - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == stages - 1 ? 0 : write_stage + 1;
+    const unsigned char* k_tile = ring + stage * Layout::kStageBytes;
     const unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
     if (Layout::kFp8) {
       // This tile's e4m3 V rows to f16 for ldmatrix; lane-strided 16-byte chunks.
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();  // all warps are done with their stages: the memory now holds warp states
-  auto& warp_acc = *reinterpret_cast<float(*)[kWarps][kRows][kHeadDim]>(shared_bytes);
+  auto& warp_acc = *reinterpret_cast<float(*)[kDecodeMaxWarps][kRows][kHeadDim]>(shared_bytes);
 
   // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows g and g + 8.
 #pragma unroll
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__(128, 3) decode_mma_sm90(const KilnDecodeParams
       }
     }
   }
-  merge_and_store<T, kHeadDim, kQLen, kGroup, kWarps>(p, warp_acc, warp_m, warp_l, b, kv_head, splits);
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, b, kv_head, splits);
 }
 
 }  // namespace kiln

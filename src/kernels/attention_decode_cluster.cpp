@@ -17,7 +17,7 @@ namespace {
 constexpr int kMaxSplits = 16;
 constexpr int kMinTokensPerSplit = 256;
 
-// decode_mma_sm90's copy ring per warp: decode_mma_stages() in the kernel source.
+// decode_mma_sm90's copy ring per warp: kDecodeStages in the kernel source.
 constexpr int kCopyStages = 2;
 
 // q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64
@@ -44,35 +44,38 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
   return std::nullopt;
 }
 
-// Dynamic shared memory of decode_mma_sm90: four warps of DecodeTileLayout::kWarpBytes (kCopyStages
-// stages of a 16-token K tile and V tile with padded rows; for an e4m3 cache an f16 V tile too).
-// Must match the kernel's layout.
-uint32_t mma_shared_bytes(int head_dim, bool fp8_cache) {
+// Dynamic shared memory of one decode_mma_sm90 warp: kCopyStages stages of a 16-token K tile and
+// V tile with padded rows, and for an e4m3 cache an f16 V tile. Must match DecodeTileLayout in the
+// kernel source.
+uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
   const int k_row = fp8_cache ? head_dim + 32 : 2 * (head_dim + (head_dim == 64 ? 32 : 8));
   const int v_row = fp8_cache ? head_dim + 16 : 2 * (head_dim + 8);
   const int staging = fp8_cache ? 16 * 2 * (head_dim + 8) : 0;
-  return static_cast<uint32_t>(4 * (kCopyStages * 16 * (k_row + v_row) + staging));
+  return static_cast<uint32_t>(kCopyStages * 16 * (k_row + v_row) + staging);
 }
 
-// Split the sequence over up to 16 CTAs of a cluster until every SM has at least one CTA, keeping
-// at least 256 tokens per split: no split when the batch alone gives every SM a CTA. Measured on
-// an H200 (B8 ctx32768 head_dim 128, 64 (batch, KV head) pairs): 3 splits 0.285 ms, 6 (one full
-// wave of 3 CTAs per SM) 0.306-0.319 ms, 16 0.305-0.308 ms; more CTAs per SM than the batch needs
-// only add cluster merges.
-LaunchShape cluster_launch(const void* params, const Platform& platform) {
-  const auto& p = *static_cast<const KilnDecodeParams*>(params);
-  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+// Splits and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit
+// with 4 warps per CTA (up to three CTAs per SM). A smaller batch gets one CTA of 8 warps per SM:
+// the sequence is split over floor(SMs / pairs) CTAs (at most 16, at least 256 tokens each), so
+// every busy SM holds the same work. Measured on an H200 (bench/RESULTS.md): B8 ctx32768 head_dim
+// 128 (64 pairs) 0.282 ms with 2 splits of 8 warps against 0.294 with 3 splits of 4 warps (the
+// former rule: every SM at least one CTA, some two); B1 ctx131072 head_dim 64 (8 pairs) 0.103
+// against 0.130 with 16 splits of 4 warps. A cluster of more than 8 CTAs stays with 4 warps when 8
+// would allow only one CTA per SM: it must fit the SMs of one GPC, fewer than 16 on some parts.
+struct DecodeGrid {
+  int64_t splits;
+  int64_t warps;
+};
+
+DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint32_t bytes_per_warp) {
+  const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * p.num_heads_kv, 1);
   const int64_t max_context = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
   const int64_t sms = std::max(platform.multiprocessor_count, 1);
-  int64_t splits = std::clamp<int64_t>((sms + pairs - 1) / std::max<int64_t>(pairs, 1), 1, kMaxSplits);
-  while (splits > 1 && max_context / splits < kMinTokensPerSplit) --splits;
-  LaunchShape shape;
-  shape.grid[0] = static_cast<uint32_t>(splits);
-  shape.grid[1] = static_cast<uint32_t>(p.num_heads_kv);
-  shape.grid[2] = static_cast<uint32_t>(p.batch);
-  shape.block[0] = 128;
-  if (splits > 1) shape.cluster[0] = static_cast<uint32_t>(splits);
-  return shape;
+  DecodeGrid grid{1, 4};
+  if (pairs < sms) grid = DecodeGrid{std::clamp<int64_t>(sms / pairs, 1, kMaxSplits), 8};
+  while (grid.splits > 1 && max_context / grid.splits < kMinTokensPerSplit) --grid.splits;
+  if (grid.splits > 8 && 2 * 8 * static_cast<size_t>(bytes_per_warp) > platform.shared_memory_per_block) grid.warps = 4;
+  return grid;
 }
 
 // One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
@@ -94,8 +97,16 @@ KernelSpec mma_cluster_kernel(const char* name, bool fp8_cache) {
                           {}};
   };
   spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
-    LaunchShape shape = cluster_launch(params, platform);
-    shape.dynamic_shared_bytes = mma_shared_bytes(static_cast<const KilnDecodeParams*>(params)->head_dim, fp8_cache);
+    const auto& p = *static_cast<const KilnDecodeParams*>(params);
+    const uint32_t bytes_per_warp = warp_shared_bytes(p.head_dim, fp8_cache);
+    const DecodeGrid grid = decode_grid(p, platform, bytes_per_warp);
+    LaunchShape shape;
+    shape.grid[0] = static_cast<uint32_t>(grid.splits);
+    shape.grid[1] = static_cast<uint32_t>(p.num_heads_kv);
+    shape.grid[2] = static_cast<uint32_t>(p.batch);
+    shape.block[0] = static_cast<uint32_t>(32 * grid.warps);
+    if (grid.splits > 1) shape.cluster[0] = static_cast<uint32_t>(grid.splits);
+    shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * bytes_per_warp;
     return shape;
   };
   return spec;

@@ -265,6 +265,10 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
       // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
       {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
+      // 20 x 8 (sequence, KV head) pairs fill an H100/H200: unsplit 4-warp CTAs, three per SM
+      // (the cases above run split 8-warp CTAs).
+      {DType::kBF16, false, 128, 32, 8, 16, 1, {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400}, -1, true},
+      {DType::kF16, true, 64, 64, 8, 32, 2, {2, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 2, 99, 400}, 200, false},
       // e4m3 caches on the fp8 tensor-core kernel: splits, q_len x group = 16, windows, sinks.
       {DType::kBF16, true, 128, 64, 8, 16, 1, {4096, 1, 0, 333, 2048}, -1, true},
       {DType::kF16, true, 64, 8, 1, 128, 2, {3000, 64, 1}, 100, false},
