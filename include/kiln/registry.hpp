@@ -98,6 +98,9 @@ struct LaunchShape {
   uint32_t dynamic_shared_bytes = 0;
   uint32_t cluster[3] = {0, 0, 0};  // {0,0,0}: no cluster
   bool programmatic_dependent_launch = false;
+  // Every CTA resident at once (cuLaunchKernelEx with the cooperative attribute; the launch fails
+  // rather than deadlock when they do not fit), for kernels with grid-wide barriers.
+  bool cooperative = false;
 };
 
 struct KernelSpec {
@@ -120,6 +123,12 @@ struct KernelSpec {
   // `params` points at the operator's parameter block (kernel-sources/<family>/params.h).
   // Throws kiln::Error(kUnsupported) when the call does not fit the platform (shared memory).
   std::function<LaunchShape(const void* params, const Platform&)> launch_shape;
+  // Optional: bytes of zero-filled device scratch the kernel needs for this call. kiln allocates
+  // it on the call's stream before the launch (stream-ordered, from the device's memory pool),
+  // hands it to the kernel in the parameter block's `workspace` field and frees it on the same
+  // stream after the launch. NVIDIA only; operators whose parameter block has no such field
+  // never select a kernel that sets this.
+  std::function<size_t(const void* params, const Platform&)> workspace_bytes;
   std::string origin = "builtin";  // "builtin" or the plugin file it came from
 };
 

@@ -4,43 +4,9 @@
 // Launch: grid (T), block 256, dynamic shared memory (2H + I) floats + routing scratch.
 #pragma once
 
-#include "common/prelude.cuh"
-#include "moe/params.h"
+#include "moe/moe_common.cuh"
 
 namespace kiln {
-
-enum MoeWeightFormat { kWeightsBf16 = 0, kWeightsMxfp4 = 1 };
-enum MoeActivationKind { kSiluGlu = 0, kSwigluClamped = 1 };
-enum MoeLayoutKind { kGateUpConcatenated = 0, kGateUpInterleaved = 1 };
-enum MoeRoutingKind { kRoutingTopkSoftmax = 0, kRoutingSoftmaxTopk = 1, kRoutingPrecomputed = 2 };
-enum MoeBiasKind { kBiasNone = 0, kBiasF32 = 1, kBiasBf16 = 2 };
-
-// An enumerator, not a constexpr variable: a namespace-scope variable gets an internal symbol whose
-// NVRTC-generated name differs from process to process, which would make binaries irreproducible.
-enum { kMoeMaxTopK = 32 };
-
-template <int kFormat>
-__device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
-                                            long long scale_row_offset, int k) {
-  if (kFormat == kWeightsBf16) return to_float(static_cast<const bf16*>(base)[row_offset + k]);
-  const u8 byte = static_cast<const u8*>(base)[row_offset + k / 2];
-  const u32 nibble = (k & 1) ? (byte >> 4) : (byte & 0xFu);
-  return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
-}
-
-template <int kBias>
-__device__ __forceinline__ float moe_bias(const void* bias, long long offset) {
-  if (kBias == kBiasF32) return static_cast<const float*>(bias)[offset];
-  if (kBias == kBiasBf16) return to_float(static_cast<const bf16*>(bias)[offset]);
-  return 0.0f;
-}
-
-template <bool kLogitsBf16>
-__device__ __forceinline__ float logit(const KilnMoeParams& p, int token, int e) {
-  const long long at = token * p.logits_row_stride + e;
-  return kLogitsBf16 ? to_float(static_cast<const bf16*>(p.router_logits)[at])
-                     : static_cast<const float*>(p.router_logits)[at];
-}
 
 // Serial routing by thread 0: picks top_k experts (ties go to the lower index) and their weights.
 template <int kRouting, bool kLogitsBf16>
@@ -111,13 +77,7 @@ __global__ void __launch_bounds__(256) moe_reference(const KilnMoeParams p) {
       }
       gate += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + gate_row);
       up += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + up_row);
-      if (kActivation == kSwigluClamped) {
-        gate = fminf(gate, 7.0f);
-        up = fminf(fmaxf(up, -7.0f), 7.0f);
-        act[r] = gate / (1.0f + expf(-1.702f * gate)) * (up + 1.0f);
-      } else {
-        act[r] = gate / (1.0f + expf(-gate)) * up;
-      }
+      act[r] = glu_activation<kActivation>(gate, up);
     }
     __syncthreads();
     for (int h = threadIdx.x; h < p.hidden; h += blockDim.x) {

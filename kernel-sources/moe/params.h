@@ -25,4 +25,7 @@ struct KilnMoeParams {
   int num_experts;   // E
   int top_k;
   int renormalize;
+  // Zero-filled scratch that kiln allocates on the call's stream for kernels that ask for it
+  // (KernelSpec::workspace_bytes); null otherwise.
+  void* workspace;
 };

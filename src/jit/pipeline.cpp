@@ -278,6 +278,9 @@ void run_operator(const OperatorCall& call) {
   if (launch_vendor() == Vendor::kAmd) {
     const Platform& platform = hip::device_platform(call.device);
     const auto kernel = find_loaded(call, platform, &platform);
+    if (kernel->spec->workspace_bytes) {
+      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs a workspace, which kiln allocates on NVIDIA only", kernel->spec->name));
+    }
     hip::launch(call.device, kernel->hip_function.function, kernel->spec->launch_shape(call.params, platform), call.params,
                 call.stream, kernel->spec->name);
     return;
@@ -285,8 +288,17 @@ void run_operator(const OperatorCall& call) {
   cuda::Device& dev = cuda::device(call.device);
   cuda::ScopedContext context(dev);
   const auto kernel = find_loaded(call, dev.platform, context.get());
-  cuda::launch(kernel->cuda_function.function, kernel->spec->launch_shape(call.params, dev.platform), call.params,
-               call.stream, kernel->spec->name);
+  const LaunchShape shape = kernel->spec->launch_shape(call.params, dev.platform);
+  if (!kernel->spec->workspace_bytes) {
+    cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
+    return;
+  }
+  if (call.workspace == nullptr) {
+    throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
+  }
+  const cuda::StreamScratch scratch(kernel->spec->workspace_bytes(call.params, dev.platform), call.stream);
+  *call.workspace = scratch.pointer();
+  cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
 }
 
 }  // namespace kiln::detail

@@ -27,6 +27,9 @@ struct OperatorCall {
   int device;
   const void* params;  // parameter block (kernel-sources/<family>/params.h), passed by value
   Stream stream;
+  // The parameter block's `workspace` field, for kernels that ask for scratch (KernelSpec::
+  // workspace_bytes); null for operators without one.
+  void** workspace = nullptr;
 };
 
 void run_operator(const OperatorCall& call);

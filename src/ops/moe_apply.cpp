@@ -172,7 +172,7 @@ void moe_apply(const MoeArgs& a, Stream stream) {
   p.renormalize = a.renormalize ? 1 : 0;
   if (a.x.numel() == 0) return;
   detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); },
-                            &a, a.x.device, &p, stream};
+                            &a, a.x.device, &p, stream, &p.workspace};
   call.key.op = 3;
   auto dtype_or_none = [](const TensorView& t) { return t.defined() ? static_cast<int64_t>(t.dtype) : int64_t{-1}; };
   call.key.fields = {static_cast<int64_t>(a.x.dtype), static_cast<int64_t>(a.w13.dtype), a.x.size(1), a.w13.size(1) / 2,

@@ -399,7 +399,7 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
                                              << " interleaved=" << c.interleaved << " bias=" << c.bias << " T=" << c.tokens;
 }
 
-TEST_F(Gpu, MoeReferenceMatchesFloat64) {
+TEST_F(Gpu, MoeKernelsMatchFloat64) {
   const std::vector<MoeCase> cases = {
       {false, 5, 64, 96, 8, 2, 0, true, 1, true, true, false},
       {false, 7, 128, 64, 16, 4, 1, true, 0, false, false, false},
@@ -408,8 +408,21 @@ TEST_F(Gpu, MoeReferenceMatchesFloat64) {
       {true, 4, 128, 64, 8, 4, 0, true, 1, true, true, false},     // MXFP4, GPT-OSS style
       {true, 1, 64, 96, 32, 4, 2, true, 0, false, false, false},
       {false, 64, 256, 128, 8, 2, 0, true, 1, true, true, false},
+      // GPT-OSS-120B's hidden and intermediate sizes (fewer experts), one token and three.
+      {true, 1, 2880, 2880, 4, 2, 0, true, 1, true, true, false},
+      {false, 3, 2880, 2880, 4, 2, 0, true, 1, true, true, false},
+      // 128 and 256 experts (4 and 8 router logits per lane), many tokens per expert (chunks).
+      {false, 8, 256, 128, 128, 4, 0, true, 1, true, false, false},
+      {true, 20, 64, 32, 256, 8, 1, false, 0, false, true, false},
+      {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
   };
-  for (const auto& c : cases) run_moe(rng, c);
+  const OperatorId moe{kFamilyMoe, kModeApply};
+  for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
+    Registry::global().set_override(moe, kernel);
+    SCOPED_TRACE(kernel);
+    for (const auto& c : cases) run_moe(rng, c);
+  }
+  Registry::global().set_override(moe, "");
 }
 
 TEST_F(Gpu, SecondCallHitsTheLoadedKernel) {

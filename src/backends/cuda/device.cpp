@@ -12,7 +12,8 @@
 namespace kiln::detail::cuda {
 namespace {
 
-// cuLaunchKernelEx, for launches with cluster dimensions or programmatic dependent launch.
+// cuLaunchKernelEx, for launches with cluster dimensions, programmatic dependent launch or
+// cooperative (all CTAs co-resident) launches.
 CUresult launch_with_attributes(CUfunction function, const LaunchShape& shape, void** args, Stream stream) {
   CUlaunchConfig config{};
   config.gridDimX = shape.grid[0];
@@ -23,7 +24,7 @@ CUresult launch_with_attributes(CUfunction function, const LaunchShape& shape, v
   config.blockDimZ = shape.block[2];
   config.sharedMemBytes = shape.dynamic_shared_bytes;
   config.hStream = static_cast<CUstream>(stream);
-  CUlaunchAttribute attributes[2];
+  CUlaunchAttribute attributes[3];
   unsigned n = 0;
   if (shape.cluster[0] > 0) {
     attributes[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -35,6 +36,11 @@ CUresult launch_with_attributes(CUfunction function, const LaunchShape& shape, v
   if (shape.programmatic_dependent_launch) {
     attributes[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attributes[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (shape.cooperative) {
+    attributes[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attributes[n].value.cooperative = 1;
     ++n;
   }
   config.attrs = n ? attributes : nullptr;
@@ -167,7 +173,7 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   void* args[] = {const_cast<void*>(params)};
   CUresult result;
-  if (shape.cluster[0] == 0 && !shape.programmatic_dependent_launch) {
+  if (shape.cluster[0] == 0 && !shape.programmatic_dependent_launch && !shape.cooperative) {
     result = KILN_CU_FN(cuLaunchKernel)(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
                                         shape.block[1], shape.block[2], shape.dynamic_shared_bytes,
                                         static_cast<CUstream>(stream), args, nullptr);
@@ -182,5 +188,15 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
   }
 }
 
+StreamScratch::StreamScratch(size_t bytes, Stream stream) : stream_(static_cast<CUstream>(stream)) {
+  KILN_CU_CALL(cuMemAllocAsync, &pointer_, bytes, stream_);
+  const CUresult cleared = KILN_CU_FN(cuMemsetD8Async)(pointer_, 0, bytes, stream_);
+  if (cleared != CUDA_SUCCESS) {
+    KILN_CU_FN(cuMemFreeAsync)(pointer_, stream_);
+    throw_driver_error(cleared, "cuMemsetD8Async", __FILE__, __LINE__);
+  }
+}
+
+StreamScratch::~StreamScratch() { KILN_CU_FN(cuMemFreeAsync)(pointer_, stream_); }
 
 }  // namespace kiln::detail::cuda

@@ -165,10 +165,10 @@ void unload(const LoadedFunction& f) {
 
 void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name) {
-  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch) {
+  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch || shape.cooperative) {
     throw Error(ErrorCode::kUnsupported,
-                fmt::format("kernel '{}' asks for a thread-block cluster or programmatic dependent launch, which "
-                            "AMD GPUs do not have", kernel_name));
+                fmt::format("kernel '{}' asks for a thread-block cluster, programmatic dependent launch or a cooperative "
+                            "launch, which kiln's AMD backend does not do", kernel_name));
   }
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   set_device(index);

@@ -1,0 +1,54 @@
+// What the MoE kernels share: the enumerations their template arguments use, weight and bias
+// reads, router logits and the gated activations.
+#pragma once
+
+#include "common/prelude.cuh"
+#include "moe/params.h"
+
+namespace kiln {
+
+enum MoeWeightFormat { kWeightsBf16 = 0, kWeightsMxfp4 = 1 };
+enum MoeActivationKind { kSiluGlu = 0, kSwigluClamped = 1 };
+enum MoeLayoutKind { kGateUpConcatenated = 0, kGateUpInterleaved = 1 };
+enum MoeRoutingKind { kRoutingTopkSoftmax = 0, kRoutingSoftmaxTopk = 1, kRoutingPrecomputed = 2 };
+enum MoeBiasKind { kBiasNone = 0, kBiasF32 = 1, kBiasBf16 = 2 };
+
+// An enumerator, not a constexpr variable: a namespace-scope variable gets an internal symbol whose
+// NVRTC-generated name differs from process to process, which would make binaries irreproducible.
+enum { kMoeMaxTopK = 32 };
+
+template <int kFormat>
+__device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
+                                            long long scale_row_offset, int k) {
+  if (kFormat == kWeightsBf16) return to_float(static_cast<const bf16*>(base)[row_offset + k]);
+  const u8 byte = static_cast<const u8*>(base)[row_offset + k / 2];
+  const u32 nibble = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+  return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
+}
+
+template <int kBias>
+__device__ __forceinline__ float moe_bias(const void* bias, long long offset) {
+  if (kBias == kBiasF32) return static_cast<const float*>(bias)[offset];
+  if (kBias == kBiasBf16) return to_float(static_cast<const bf16*>(bias)[offset]);
+  return 0.0f;
+}
+
+template <bool kLogitsBf16>
+__device__ __forceinline__ float logit(const KilnMoeParams& p, int token, int e) {
+  const long long at = token * p.logits_row_stride + e;
+  return kLogitsBf16 ? to_float(static_cast<const bf16*>(p.router_logits)[at])
+                     : static_cast<const float*>(p.router_logits)[at];
+}
+
+// The gated activation of one intermediate unit from its gate and up projections (bias added).
+template <int kActivation>
+__device__ __forceinline__ float glu_activation(float gate, float up) {
+  if (kActivation == kSwigluClamped) {  // GPT-OSS: gate clamped above at 7, up to [-7, 7]
+    gate = fminf(gate, 7.0f);
+    up = fminf(fmaxf(up, -7.0f), 7.0f);
+    return gate / (1.0f + expf(-1.702f * gate)) * (up + 1.0f);
+  }
+  return gate / (1.0f + expf(-gate)) * up;
+}
+
+}  // namespace kiln

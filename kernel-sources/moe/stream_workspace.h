@@ -1,0 +1,40 @@
+// Layout of moe_stream's workspace (moe/moe_stream.cuh), shared verbatim by the kernel and its
+// registration (src/kernels/moe_stream.cpp), which sizes the allocation: plain C only.
+// Byte offsets, each region aligned to 256 bytes:
+//   barriers  4 x u32, the grid-wide barrier counters
+//   counts    [E] int, tokens routed to each expert
+//   fill      [E] int, the scatter's cursor per expert
+//   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)
+//   weights   [T * k] float, routing weight per (token, slot)
+//   pairs     [T * k] int, (token * k + slot) grouped by expert
+//   act       [T * k, I] float, the activated intermediate vector of each (token, slot)
+//   y         [T * k, H] float, the expert's output of each (token, slot), bias included
+#pragma once
+
+#if defined(KILN_NVRTC) || defined(KILN_HIPRTC) || defined(KILN_HIP_CLANG)
+#define KILN_MOE_HOST_DEVICE __host__ __device__
+#else
+#define KILN_MOE_HOST_DEVICE
+#endif
+
+struct KilnMoeStreamWorkspace {
+  long long barriers, counts, fill, ids, weights, pairs, act, y, total;
+};
+
+KILN_MOE_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
+
+KILN_MOE_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long long tokens, long long top_k, long long experts,
+                                                                             long long hidden, long long inter) {
+  const long long pairs = tokens * top_k;
+  KilnMoeStreamWorkspace w;
+  w.barriers = 0;
+  w.counts = 256;
+  w.fill = w.counts + kiln_moe_align256(4 * experts);
+  w.ids = w.fill + kiln_moe_align256(4 * experts);
+  w.weights = w.ids + kiln_moe_align256(4 * pairs);
+  w.pairs = w.weights + kiln_moe_align256(4 * pairs);
+  w.act = w.pairs + kiln_moe_align256(4 * pairs);
+  w.y = w.act + kiln_moe_align256(4 * pairs * inter);
+  w.total = w.y + kiln_moe_align256(4 * pairs * hidden);
+  return w;
+}

@@ -1,0 +1,38 @@
+// What the MoE kernel registrations share: the signatures every MoE kernel runs and the template
+// arguments its signature maps to (moe_common.cuh's enumerations, in the same order for each
+// kernel template).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kiln/registry.hpp"
+
+namespace kiln::detail {
+
+constexpr int kMoeMaxTopK = 32;  // kMoeMaxTopK in kernel-sources/moe/moe_common.cuh
+
+inline int moe_bias_kind(const std::string& bias) { return bias == "none" ? 0 : bias == "f32" ? 1 : 2; }
+
+// bf16 activations, bf16 or MXFP4 weights, top_k up to kMoeMaxTopK.
+inline std::optional<std::string> moe_accepts(const Signature& sig) {
+  if (sig.get("dtype") != "bf16") return fmt::format("dtype {} unsupported (supported: bf16)", sig.get("dtype"));
+  const std::string& w = sig.get("weights");
+  if (w != "bf16" && w != "mxfp4") return fmt::format("weights {} unsupported (supported: bf16, mxfp4)", w);
+  if (sig.get_int("top_k") > kMoeMaxTopK) return fmt::format("top_k {} unsupported (at most {})", sig.get_int("top_k"), kMoeMaxTopK);
+  return std::nullopt;
+}
+
+// "kiln::moe_reference<format, activation, layout, routing, logits_bf16, bias13, bias2>"
+inline std::string moe_template_instance(const char* kernel_template, const Signature& sig) {
+  const std::string& routing = sig.get("routing");
+  const int routing_kind = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : 2;
+  const bool logits_bf16 = sig.has("logits") && sig.get("logits") == "bf16";
+  return fmt::format("{}<{}, {}, {}, {}, {}, {}, {}>", kernel_template, sig.get("weights") == "mxfp4" ? 1 : 0,
+                     sig.get("activation") == "swiglu_clamped" ? 1 : 0, sig.get("layout") == "interleaved" ? 1 : 0, routing_kind,
+                     logits_bf16 ? "true" : "false", moe_bias_kind(sig.get("w13_bias")), moe_bias_kind(sig.get("w2_bias")));
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,57 @@
+// Registration of the weight-streaming MoE kernel (kernel-sources/moe/moe_stream.cuh): one
+// cooperative launch with grid-wide barriers and a stream-ordered workspace, for decode-sized
+// token counts on NVIDIA sm_80+.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kernels/moe_signature.hpp"
+#include "kiln/registry.hpp"
+#include "moe/params.h"
+#include "moe/stream_workspace.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in moe_stream.cuh: routing keeps 8 logits per lane
+constexpr int kThreads = 512;     // kMoeStreamWarps x 32
+
+KernelSpec moe_stream_spec() {
+  KernelSpec spec;
+  spec.name = "moe.apply.stream";
+  spec.family = kFamilyMoe;
+  spec.mode = kModeApply;
+  spec.priority = Priority::kPerformant;
+  spec.specificity = 1;
+  spec.requirements.vendor = Vendor::kNvidia;
+  spec.requirements.min_arch = 80;
+  spec.source = "moe/moe_stream.cuh";
+  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
+    if (auto why = detail::moe_accepts(sig)) return why;
+    if (sig.get_int("experts") > kMaxExperts) return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
+    return std::nullopt;
+  };
+  spec.specialize = [](const Signature& sig, const Platform&) {
+    return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
+  };
+  // One CTA of 512 threads per SM (at most 128 registers each, 2 KB of shared memory), all
+  // resident: the cooperative launch fails rather than deadlock when they are not.
+  spec.launch_shape = [](const void*, const Platform& platform) {
+    LaunchShape shape;
+    shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
+    shape.block[0] = kThreads;
+    shape.cooperative = true;
+    return shape;
+  };
+  spec.workspace_bytes = [](const void* params, const Platform&) {
+    const auto& p = *static_cast<const KilnMoeParams*>(params);
+    return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).total);
+  };
+  return spec;
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(moe_apply_stream) { return moe_stream_spec(); }
+
+}  // namespace kiln
