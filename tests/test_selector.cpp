@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "attention/params.h"
+#include "moe/params.h"
+#include "support/signatures.hpp"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
 
@@ -232,6 +234,23 @@ TEST(Selector, DecodeClusterGridFollowsTheBatch) {
   EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{16, 128, 16}));
   s = shape(1, 320, 128);  // at least 256 tokens per split
   EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{1, 256, 0}));
+}
+
+// MoE on sm_90a: the streaming kernel up to 256 experts (its routing keeps 8 logits per lane),
+// the reference beyond, with the reason; its workspace grows with T * k * (H + I).
+TEST(Selector, MoeStreamUpTo256Experts) {
+  const Platform sm90 = platform_for_target("sm_90a");
+  EXPECT_EQ(Registry::global().select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), sm90)->name,
+            "moe.apply.stream");
+  const Signature many = test::moe_signature("bf16", 256, 128, 300, 4, "f32", "silu_glu", "concat", "none");
+  EXPECT_EQ(Registry::global().select(many, sm90)->name, "moe.apply.reference");
+  EXPECT_NE(Registry::global().explain(many, sm90).to_text().find("experts 300 unsupported (at most 256)"), std::string::npos);
+  const auto spec = Registry::global().find("moe.apply.stream");
+  KilnMoeParams p{};
+  p.num_tokens = 8192, p.top_k = 4, p.num_experts = 128, p.hidden = 2880, p.intermediate = 2880;
+  const size_t bytes = spec->workspace_bytes(&p, sm90);
+  EXPECT_GE(bytes, size_t{8192} * 4 * (2880 + 2880) * 4);
+  EXPECT_LT(bytes, size_t{8192} * 4 * (2880 + 2880) * 4 + (1 << 20));
 }
 
 }  // namespace
