@@ -7,69 +7,19 @@
 //   S^T = K Q^T  (32 keys x 32 queries): lane l holds query l % 32 and 16 of the block's keys;
 //   O^T = V^T P^T (D dims x 32 queries): P^T's accumulator layout is exactly the B operand this
 //                 product needs, and lane l again holds query l % 32.
-// 32x32 MFMA layouts (wave64): operand A[i][k] sits in lane i + 32 * (k / kK2) as item k % kK2 of
-// its kK2 values (kK2 = half the k-width); B[k][j] in lane j + 32 * (k / kK2); accumulator D[i][j]
-// in lane j + 32 * ((i / 4) % 2), register 4 * (i / 8) + i % 4. gfx950 uses CDNA4's 32x32x16
-// instructions (k-width 16), the others 32x32x8 (k-width 8). Any fixed permutation of a product's
-// reduction index is harmless when A and B share it; the P^T operand of the 16-wide product takes
-// the key order its accumulator layout gives (keys 8 (r / 4) + 4 h + r % 4), and V^T follows it.
+// The 32x32 MFMA layouts are in common/mfma.cuh. Any fixed permutation of a product's reduction
+// index is harmless when A and B share it; the P^T operand of the 16-wide product takes the key
+// order its accumulator layout gives (keys 8 (r / 4) + 4 h + r % 4), and V^T follows it.
 // Launch: grid (ceil(max_seqlen_q / 32), Hq, batch), block 64.
 #pragma once
 
 #include "attention/params.h"
+#include "common/mfma.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
 
 #if defined(KILN_AMD)
-
-typedef float mfma_f32x16 __attribute__((ext_vector_type(16)));
-#if defined(__gfx950__)
-enum { kMfmaK = 16 };  // CDNA4: v_mfma_f32_32x32x16_{bf16,f16}
-typedef __bf16 mfma_bf16x8 __attribute__((ext_vector_type(8)));
-typedef _Float16 mfma_f16x8 __attribute__((ext_vector_type(8)));
-#else
-enum { kMfmaK = 8 };  // CDNA2/3: v_mfma_f32_32x32x8{bf16_1k,f16}
-typedef short mfma_i16x4 __attribute__((ext_vector_type(4)));
-typedef _Float16 mfma_f16x4 __attribute__((ext_vector_type(4)));
-#endif
-enum { kMfmaHalfK = kMfmaK / 2 };  // operand values per lane
-
-// One 32x32xkMfmaK product: `a` and `b` hold this lane's kMfmaHalfK 16-bit values (raw bits).
-template <typename T>
-__device__ __forceinline__ mfma_f32x16 mfma_32x32(const u16 (&a)[kMfmaHalfK], const u16 (&b)[kMfmaHalfK], mfma_f32x16 c) {
-#if defined(__gfx950__)
-  if constexpr (__is_same(T, bf16)) {
-    mfma_bf16x8 va, vb;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) va[i] = __builtin_bit_cast(__bf16, a[i]), vb[i] = __builtin_bit_cast(__bf16, b[i]);
-    return __builtin_amdgcn_mfma_f32_32x32x16_bf16(va, vb, c, 0, 0, 0);
-  } else {
-    mfma_f16x8 va, vb;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
-    return __builtin_amdgcn_mfma_f32_32x32x16_f16(va, vb, c, 0, 0, 0);
-  }
-#else
-  if constexpr (__is_same(T, bf16)) {
-    mfma_i16x4 va, vb;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
-    return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(va, vb, c, 0, 0, 0);
-  } else {
-    mfma_f16x4 va, vb;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
-    return __builtin_amdgcn_mfma_f32_32x32x8f16(va, vb, c, 0, 0, 0);
-  }
-#endif
-}
-
-// The value of lane `lane ^ 32`: the other half of the wavefront, same query.
-__device__ __forceinline__ float other_half(float v) {
-  const int lane = static_cast<int>(__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)));
-  return __int_as_float(__builtin_amdgcn_ds_bpermute((lane ^ 32) << 2, __float_as_int(v)));
-}
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {

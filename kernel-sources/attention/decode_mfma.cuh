@@ -1,0 +1,178 @@
+// Paged decode attention on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) for a
+// 16-bit cache, same semantics as the reference. COMPILE-VERIFIED ONLY: no AMD GPU has run it.
+//
+// A workgroup of 4 wavefronts owns one (sequence, KV head). The query rows that share the KV head
+// (q_len x group, at most 16; row r = query j * group + head g) are the columns of prefill_mfma's
+// transposed products, columns past the rows being zeros:
+//   S^T = K Q^T  (32 keys x 32 rows): lane l holds row l % 32 and 16 of the block's keys;
+//   O^T = V^T P^T (D dims x 32 rows).
+// Wavefront w walks the 32-key blocks w, w + 4, ... of the sequence (from the window's start),
+// looking each key's page up in the page table; the four softmax states merge in LDS. There is no
+// split over workgroups (kiln's AMD backend has no workspace for a combine pass yet), so a batch
+// with fewer (sequence, KV head) pairs than CUs leaves CUs idle.
+// Launch: grid (1, Hkv, batch), block 256.
+#pragma once
+
+#include "attention/params.h"
+#include "common/mfma.cuh"
+#include "common/prelude.cuh"
+
+namespace kiln {
+
+#if defined(KILN_AMD)
+
+template <typename T, int kHeadDim, int kQLen, int kGroup>
+__global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
+  constexpr int kRows = kQLen * kGroup;  // <= 16
+  constexpr int kWaves = 4;
+  constexpr int kBlock = 32;                  // keys per block
+  constexpr int kKSteps = kHeadDim / kMfmaK;  // steps of S^T = K Q^T
+  constexpr int kDBlocks = kHeadDim / 32;     // 32-dim row blocks of O^T
+  constexpr int kPSteps = kBlock / kMfmaK;    // steps of O^T = V^T P^T per key block
+  __shared__ float wave_acc[kWaves][kRows][kHeadDim];
+  __shared__ float wave_m[kWaves][kRows], wave_l[kWaves][kRows];
+
+  const int lane = static_cast<int>(threadIdx.x) & 63, wave = static_cast<int>(threadIdx.x) >> 6;
+  const int col = lane & 31, h = lane >> 5;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int len = p.cache_seqlens[b];
+  const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
+
+  // Q^T as B operands: lane (col, h) holds row col, dims ks * kMfmaK + h * kMfmaHalfK + i.
+  const bool row_valid = col < kRows;
+  const int j = col / kGroup, g = col % kGroup;
+  const u16* q_row = static_cast<const u16*>(p.q) + (b * kQLen + (row_valid ? j : 0)) * p.q_row_stride +
+                     (kv_head * kGroup + (row_valid ? g : 0)) * p.q_head_stride;
+  u16 qb[kKSteps][kMfmaHalfK];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int i = 0; i < kMfmaHalfK; ++i) qb[ks][i] = row_valid ? q_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
+  }
+
+  const int* pages = p.page_table + b * p.page_table_stride;
+  // Element offset of `key`'s row for this KV head (the key lies before the sequence's end).
+  auto k_row_of = [&](int key) -> long long {
+    return pages[key / p.page_size] * p.k_page_stride + (key % p.page_size) * p.k_row_stride + kv_head * p.k_head_stride;
+  };
+  auto v_row_of = [&](int key) -> long long {
+    return pages[key / p.page_size] * p.v_page_stride + (key % p.page_size) * p.v_row_stride + kv_head * p.v_head_stride;
+  };
+  const u16* k_cache = static_cast<const u16*>(p.k_cache);
+  const u16* v_cache = static_cast<const u16*>(p.v_cache);
+
+  mfma_f32x16 o[kDBlocks];
+#pragma unroll
+  for (int d = 0; d < kDBlocks; ++d) o[d] = mfma_f32x16{};
+  float m_run = neg_inf(), l_run = 0.0f;  // log2 domain; l_run sums this lane's keys only
+  const float log2e = 1.4426950408889634f;
+  const int first = max(0, len - kQLen - window) / kBlock * kBlock;
+
+  for (int key0 = first + wave * kBlock; key0 < len; key0 += kWaves * kBlock) {
+    // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
+    const int a_key = key0 + col;
+    const bool a_valid = a_key < len;
+    const u16* k_row = k_cache + (a_valid ? k_row_of(a_key) : 0);
+    mfma_f32x16 s = mfma_f32x16{};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      u16 ka[kMfmaHalfK];
+#pragma unroll
+      for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = a_valid ? k_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
+      s = mfma_32x32<T>(ka, qb[ks], s);
+    }
+    // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's row.
+    float block_max = neg_inf();
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int key = key0 + 8 * (r / 4) + 4 * h + r % 4, rel = key - (len - kQLen);
+      float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
+      if (!row_valid || key >= len || rel > j || rel < j - window) v = neg_inf();
+      x[r] = v;
+      block_max = fmaxf(block_max, v);
+    }
+    block_max = fmaxf(block_max, other_half(block_max));
+    const float new_m = fmaxf(m_run, block_max);
+    const float factor = m_run == neg_inf() ? 0.0f : exp2f(m_run - new_m);
+    m_run = new_m;
+    l_run *= factor;
+    u16 pt[16];  // P^T in this lane's accumulator order, as 16-bit values
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float pr = x[r] == neg_inf() ? 0.0f : exp2f(x[r] - new_m);
+      l_run += pr;
+      pt[r] = from_float<T>(pr).bits;
+    }
+#pragma unroll
+    for (int d = 0; d < kDBlocks; ++d) o[d] *= factor;
+
+    // O^T += V^T P^T: B item i of step t is pt[r], r = t * kMfmaHalfK + i; A takes V at the same
+    // keys, key0 + 8 (r / 4) + 4 h + r % 4 (zeros past the end, where P is 0: no NaN).
+#pragma unroll
+    for (int t = 0; t < kPSteps; ++t) {
+      u16 pb[kMfmaHalfK];
+      long long v_rows[kMfmaHalfK];
+#pragma unroll
+      for (int i = 0; i < kMfmaHalfK; ++i) {
+        const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
+        pb[i] = pt[r];
+        v_rows[i] = key < len ? v_row_of(key) : -1;
+      }
+#pragma unroll
+      for (int d = 0; d < kDBlocks; ++d) {
+        u16 va[kMfmaHalfK];
+#pragma unroll
+        for (int i = 0; i < kMfmaHalfK; ++i) va[i] = v_rows[i] >= 0 ? v_cache[v_rows[i] + 32 * d + col] : u16(0);
+        o[d] = mfma_32x32<T>(va, pb, o[d]);
+      }
+    }
+  }
+
+  // This wavefront's state per row: m (log2 -> natural), l over both halves, O^T register r of
+  // block d = dim 32 d + 8 (r / 4) + 4 h + r % 4.
+  const float l = l_run + other_half(l_run);
+  if (row_valid) {
+#pragma unroll
+    for (int d = 0; d < kDBlocks; ++d) {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) wave_acc[wave][col][32 * d + 8 * (r / 4) + 4 * h + r % 4] = o[d][r];
+    }
+    if (h == 0) {
+      wave_m[wave][col] = m_run == neg_inf() ? neg_inf() : m_run / log2e;
+      wave_l[wave][col] = l;
+    }
+  }
+  __syncthreads();
+
+  // Merge the wavefronts, add the sink, normalize, store (thread i: (row, dim) pairs i, i + 256, ...).
+  for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
+    const int r = i / kHeadDim, d = i % kHeadDim;
+    float mm = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kWaves; ++w) mm = fmaxf(mm, wave_m[w][r]);
+    float ll = 0.0f, aa = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWaves; ++w) {
+      const float c = wave_m[w][r] == neg_inf() ? 0.0f : __expf(wave_m[w][r] - mm);
+      ll += wave_l[w][r] * c;
+      aa += wave_acc[w][r][d] * c;
+    }
+    const int query = r / kGroup, head = kv_head * kGroup + r % kGroup;
+    if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
+      const float sink = p.sinks[head], with_sink = fmaxf(mm, sink);
+      const float c = mm == neg_inf() ? 0.0f : __expf(mm - with_sink);
+      ll = ll * c + __expf(sink - with_sink);
+      aa *= c;
+      mm = with_sink;
+    }
+    const int row = b * kQLen + query;
+    T* out = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
+    out[d] = from_float<T>(ll > 0.0f ? aa / ll : 0.0f);
+    if (p.lse != nullptr && d == 0) p.lse[row * p.lse_row_stride + head] = ll > 0.0f ? mm + logf(ll) : neg_inf();
+  }
+}
+
+#endif  // KILN_AMD
+
+}  // namespace kiln
