@@ -13,6 +13,8 @@
 // Launch: grid (1, Hkv, batch), block 256.
 #pragma once
 
+#include "attention/merge_states.cuh"
+#include "attention/mfma_attention.cuh"
 #include "attention/params.h"
 #include "common/mfma.cuh"
 #include "common/prelude.cuh"
@@ -73,16 +75,8 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
     const int a_key = key0 + col;
     const bool a_valid = a_key < len;
     const u16* k_row = k_cache + (a_valid ? k_row_of(a_key) : 0);
-    mfma_f32x16 s = mfma_f32x16{};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      u16 ka[kMfmaHalfK];
-#pragma unroll
-      for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = a_valid ? k_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
-      s = mfma_32x32<T>(ka, qb[ks], s);
-    }
+    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's row.
-    float block_max = neg_inf();
     float x[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -90,22 +84,9 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
       float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
       if (!row_valid || key >= len || rel > j || rel < j - window) v = neg_inf();
       x[r] = v;
-      block_max = fmaxf(block_max, v);
     }
-    block_max = fmaxf(block_max, other_half(block_max));
-    const float new_m = fmaxf(m_run, block_max);
-    const float factor = m_run == neg_inf() ? 0.0f : exp2f(m_run - new_m);
-    m_run = new_m;
-    l_run *= factor;
     u16 pt[16];  // P^T in this lane's accumulator order, as 16-bit values
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const float pr = x[r] == neg_inf() ? 0.0f : exp2f(x[r] - new_m);
-      l_run += pr;
-      pt[r] = from_float<T>(pr).bits;
-    }
-#pragma unroll
-    for (int d = 0; d < kDBlocks; ++d) o[d] *= factor;
+    mfma_softmax_step<T>(x, m_run, l_run, o, pt);
 
     // O^T += V^T P^T: B item i of step t is pt[r], r = t * kMfmaHalfK + i; A takes V at the same
     // keys, key0 + 8 (r / 4) + 4 h + r % 4 (zeros past the end, where P is 0: no NaN).
@@ -148,28 +129,7 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
   // Merge the wavefronts, add the sink, normalize, store (thread i: (row, dim) pairs i, i + 256, ...).
   for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
     const int r = i / kHeadDim, d = i % kHeadDim;
-    float mm = neg_inf();
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) mm = fmaxf(mm, wave_m[w][r]);
-    float ll = 0.0f, aa = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-      const float c = wave_m[w][r] == neg_inf() ? 0.0f : __expf(wave_m[w][r] - mm);
-      ll += wave_l[w][r] * c;
-      aa += wave_acc[w][r][d] * c;
-    }
-    const int query = r / kGroup, head = kv_head * kGroup + r % kGroup;
-    if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
-      const float sink = p.sinks[head], with_sink = fmaxf(mm, sink);
-      const float c = mm == neg_inf() ? 0.0f : __expf(mm - with_sink);
-      ll = ll * c + __expf(sink - with_sink);
-      aa *= c;
-      mm = with_sink;
-    }
-    const int row = b * kQLen + query;
-    T* out = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
-    out[d] = from_float<T>(ll > 0.0f ? aa / ll : 0.0f);
-    if (p.lse != nullptr && d == 0) p.lse[row * p.lse_row_stride + head] = ll > 0.0f ? mm + logf(ll) : neg_inf();
+    store_decode_row<T, kQLen, kGroup>(p, b, kv_head, r, d, merge_parts(wave_acc, wave_m, wave_l, kWaves, r, d));
   }
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "attention/params.h"
+#include "attention/mfma_attention.cuh"
 #include "common/mfma.cuh"
 #include "common/prelude.cuh"
 
@@ -67,16 +68,8 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     const int a_key = key0 + col;
     const bool a_valid = a_key < len_k;
     const u16* k_row = k_base + (a_valid ? a_key : 0) * p.k_row_stride;
-    mfma_f32x16 s = mfma_f32x16{};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      u16 ka[kMfmaHalfK];
-#pragma unroll
-      for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = a_valid ? k_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
-      s = mfma_32x32<T>(ka, qb[ks], s);
-    }
+    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
-    float block_max = neg_inf();
     float x[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -86,22 +79,9 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
         v = neg_inf();
       }
       x[r] = v;
-      block_max = fmaxf(block_max, v);
     }
-    block_max = fmaxf(block_max, other_half(block_max));
-    const float new_m = fmaxf(m_run, block_max);
-    const float factor = m_run == neg_inf() ? 0.0f : exp2f(m_run - new_m);
-    m_run = new_m;
-    l_run *= factor;
     u16 pt[16];  // P^T in this lane's accumulator order, as 16-bit values
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const float pr = x[r] == neg_inf() ? 0.0f : exp2f(x[r] - new_m);
-      l_run += pr;
-      pt[r] = from_float<T>(pr).bits;
-    }
-#pragma unroll
-    for (int d = 0; d < kDBlocks; ++d) o[d] *= factor;
+    mfma_softmax_step<T>(x, m_run, l_run, o, pt);
 
     // O^T += V^T P^T, kMfmaK keys per step. B item i of step t is pt[r], r = t * kMfmaHalfK + i, in
     // the accumulator's key order; A takes V at the same keys: key0 + 8 (r / 4) + 4 h + r % 4.
