@@ -2,6 +2,7 @@
 
 #include <future>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -289,15 +290,14 @@ void run_operator(const OperatorCall& call) {
   cuda::ScopedContext context(dev);
   const auto kernel = find_loaded(call, dev.platform, context.get());
   const LaunchShape shape = kernel->spec->launch_shape(call.params, dev.platform);
-  if (!kernel->spec->workspace_bytes) {
-    cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
-    return;
+  std::optional<cuda::StreamScratch> scratch;  // freed on the stream after the launch
+  if (kernel->spec->workspace_bytes) {
+    if (call.workspace == nullptr) {
+      throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
+    }
+    scratch.emplace(kernel->spec->workspace_bytes(call.params, dev.platform), call.stream);
+    *call.workspace = scratch->pointer();
   }
-  if (call.workspace == nullptr) {
-    throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
-  }
-  const cuda::StreamScratch scratch(kernel->spec->workspace_bytes(call.params, dev.platform), call.stream);
-  *call.workspace = scratch.pointer();
   cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
 }
 
