@@ -12,9 +12,7 @@
 //   combine  out[t] = sum over slots j of weight[t][j] * y[t, j], in slot order (deterministic).
 // An expert's weights are read once per chunk of 4 tokens routed to it: exactly once at decode
 // sizes. At prefill sizes a grouped GEMM is the right kernel; it is not written yet.
-// Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale. An
-// e2m1 nibble placed in an f16's exponent and mantissa bits is its value times 2^-14, exactly; the
-// 2^14 joins the scale.
+// Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale.
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I).
 #pragma once
@@ -66,14 +64,27 @@ __device__ __forceinline__ void bf16x2_to_float(u32 w, float& lo, float& hi) {
   lo = __uint_as_float(w << 16);
   hi = __uint_as_float(w & 0xffff0000u);
 }
-// Eight e2m1 values (a word, low nibble first) to floats times 2^-14.
-__device__ __forceinline__ void e2m1x8_to_float_scaled(u32 w, float (&v)[8]) {
+__device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+// Eight e2m1 values (a word, low nibble first) to floats, exactly, on the integer pipe: every e2m1
+// value is a bf16 whose two bytes a byte permute looks up by the 3-bit magnitude (four at a time),
+// then the sign bit is moved into place. (f16 conversions measured 0.108 ms for the GPT-OSS layer
+// at T=1: the conversion pipe, not memory, was the limit.)
+__device__ __forceinline__ void e2m1x8_to_float(u32 w, float (&v)[8]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const u32 b = (w >> (8 * i)) & 0xffu;
-    const u32 h2 = ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
-    v[2 * i] = to_float(f16{static_cast<u16>(h2 & 0xffffu)});
-    v[2 * i + 1] = to_float(f16{static_cast<u16>(h2 >> 16)});
+  for (int half = 0; half < 2; ++half) {
+    const u32 nibbles = half ? w >> 16 : w;
+    const u32 magnitudes = nibbles & 0x77777777u;
+    // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40
+    const u32 low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
+    const u32 high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
+    const u32 pair01 = byte_permute(low, high, 0x5140u) | ((nibbles << 12) & 0x8000u) | ((nibbles << 24) & 0x80000000u);
+    const u32 pair23 = byte_permute(low, high, 0x7362u) | ((nibbles << 4) & 0x8000u) | ((nibbles << 16) & 0x80000000u);
+    bf16x2_to_float(pair01, v[4 * half], v[4 * half + 1]);
+    bf16x2_to_float(pair23, v[4 * half + 2], v[4 * half + 3]);
   }
 }
 
@@ -236,17 +247,32 @@ __device__ __forceinline__ void up_dots(const KilnMoeParams& p, int expert, int 
     const u8* g_scales = p.w13_scale + expert * p.w13_scale_expert_stride + gate_row * p.w13_scale_row_stride;
     const u8* u_scales = p.w13_scale + expert * p.w13_scale_expert_stride + up_row * p.w13_scale_row_stride;
     const int blocks = p.hidden / 32;  // 16 bytes and one scale each
+    // Software-pipelined: the next block's words and scales load while this one computes.
+    Words4 g_next = {{0u, 0u, 0u, 0u}}, u_next = {{0u, 0u, 0u, 0u}};
+    u8 gs_next = 0, us_next = 0;
+    if (lane < blocks) {
+      g_next = load_readonly16(g_row + 16 * lane);
+      u_next = load_readonly16(u_row + 16 * lane);
+      gs_next = g_scales[lane];
+      us_next = u_scales[lane];
+    }
     for (int c = lane; c < blocks; c += kWarp) {
-      const Words4 gw = load_readonly16(g_row + 16 * c), uw = load_readonly16(u_row + 16 * c);
-      const float g_scale = e8m0_to_float(g_scales[c]), u_scale = e8m0_to_float(u_scales[c]);
+      const Words4 gw = g_next, uw = u_next;
+      const float g_scale = e8m0_to_float(gs_next), u_scale = e8m0_to_float(us_next);
+      if (c + kWarp < blocks) {
+        g_next = load_readonly16(g_row + 16 * (c + kWarp));
+        u_next = load_readonly16(u_row + 16 * (c + kWarp));
+        gs_next = g_scales[c + kWarp];
+        us_next = u_scales[c + kWarp];
+      }
       float g_part[kMoeStreamChunk], u_part[kMoeStreamChunk];
 #pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) g_part[m] = u_part[m] = 0.0f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // 8 values per word
         float gf[8], uf[8];
-        e2m1x8_to_float_scaled(gw.w[i], gf);
-        e2m1x8_to_float_scaled(uw.w[i], uf);
+        e2m1x8_to_float(gw.w[i], gf);
+        e2m1x8_to_float(uw.w[i], uf);
 #pragma unroll
         for (int m = 0; m < kMoeStreamChunk; ++m) {
           if (m < count) {
@@ -263,8 +289,8 @@ __device__ __forceinline__ void up_dots(const KilnMoeParams& p, int expert, int 
       }
 #pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) {
-        gate[m] += g_part[m] * 16384.0f * g_scale;  // 2^14 first: 2^14 x 2^127 would overflow
-        up[m] += u_part[m] * 16384.0f * u_scale;
+        gate[m] += g_part[m] * g_scale;
+        up[m] += u_part[m] * u_scale;
       }
     }
   }
@@ -308,16 +334,26 @@ __device__ __forceinline__ void down_dots(const KilnMoeParams& p, int expert, in
     const u8* row = static_cast<const u8*>(p.w2) + expert * p.w2_expert_stride + h * p.w2_row_stride;
     const u8* scales = p.w2_scale + expert * p.w2_scale_expert_stride + h * p.w2_scale_row_stride;
     const int blocks = p.intermediate / 32;
+    Words4 next = {{0u, 0u, 0u, 0u}};  // software-pipelined as in up_dots
+    u8 scale_next = 0;
+    if (lane < blocks) {
+      next = load_readonly16(row + 16 * lane);
+      scale_next = scales[lane];
+    }
     for (int c = lane; c < blocks; c += kWarp) {
-      const Words4 ww = load_readonly16(row + 16 * c);
-      const float scale = e8m0_to_float(scales[c]);
+      const Words4 ww = next;
+      const float scale = e8m0_to_float(scale_next);
+      if (c + kWarp < blocks) {
+        next = load_readonly16(row + 16 * (c + kWarp));
+        scale_next = scales[c + kWarp];
+      }
       float part[kMoeStreamChunk];
 #pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) part[m] = 0.0f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float wf[8];
-        e2m1x8_to_float_scaled(ww.w[i], wf);
+        e2m1x8_to_float(ww.w[i], wf);
 #pragma unroll
         for (int m = 0; m < kMoeStreamChunk; ++m) {
           if (m < count) {
@@ -330,7 +366,7 @@ __device__ __forceinline__ void down_dots(const KilnMoeParams& p, int expert, in
         }
       }
 #pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] += part[m] * 16384.0f * scale;
+      for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] += part[m] * scale;
     }
   }
 }
