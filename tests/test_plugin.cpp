@@ -22,7 +22,7 @@ TEST(Plugin, LoadsAndWinsWhereItApplies) {
   EXPECT_EQ(spec->origin, KILN_TEST_PLUGIN_GOOD);
   const Platform h = platform_for_target("sm_90a");
   EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "testplugin.attention.prefill.causal64");
-  EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.mma");
+  EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.wgmma");
   const Explanation ex = Registry::global().explain(prefill_sig(64, false), h);
   EXPECT_NE(ex.to_text().find("signature: testplugin handles causal attention only"), std::string::npos) << ex.to_text();
 }

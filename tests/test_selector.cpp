@@ -253,5 +253,20 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   EXPECT_LT(bytes, size_t{8192} * 4 * (2880 + 2880) * 4 + (1 << 20));
 }
 
+// wgmma exists on sm_90a only: Hopper prefill runs the wgmma kernel, every other NVIDIA arch the
+// portable mma.sync one, and head_dim 256 the reference.
+TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
+  const Signature d128 = test::prefill_signature("bf16", 128, 8, true);
+  EXPECT_EQ(Registry::global().select(d128, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma");
+  for (const char* arch : {"sm_80", "sm_90", "sm_100a", "sm_120a"}) {
+    const Platform p = platform_for_target(arch);
+    EXPECT_EQ(Registry::global().select(d128, p)->name, "attention.prefill.mma") << arch;
+    const std::string why = p.arch_version < 90 ? "needs arch version >= 90" : "mma:wgmma";
+    EXPECT_NE(Registry::global().explain(d128, p).to_text().find(why), std::string::npos) << arch;
+  }
+  EXPECT_EQ(Registry::global().select(test::prefill_signature("f16", 256, 8, true), platform_for_target("sm_90a"))->name,
+            "attention.prefill.reference");
+}
+
 }  // namespace
 }  // namespace kiln

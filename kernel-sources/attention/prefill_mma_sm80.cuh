@@ -157,28 +157,7 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
     }
   }
 
-  // Finish each row: the quad's partial sums, the sink, normalization, lse.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l_row[half] = quad_sum(l_row[half]);
-    const int row = row_lo + 8 * half;
-    float m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] / log2e;
-    float l = l_row[half], scale_o = 1.0f;
-    if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
-      const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
-      scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
-      l = l * scale_o + __expf(sink - with_sink);
-      m_nat = with_sink;
-    }
-    if (row >= len_q) continue;
-    const float inv = l > 0.0f ? scale_o / l : 0.0f;
-    T* out = static_cast<T*>(p.out) + (q_begin + row) * p.out_row_stride + head * p.out_head_stride;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      *reinterpret_cast<unsigned*>(out + 8 * n + 2 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-    }
-    if (p.lse != nullptr && c == 0) p.lse[(q_begin + row) * p.lse_row_stride + head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
-  }
+  store_prefill_rows<T>(p, o, m_row, l_row, head, q_begin, len_q, row_lo, c);
 }
 
 }  // namespace kiln

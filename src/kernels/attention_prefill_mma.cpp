@@ -1,5 +1,6 @@
-// Registration of the tensor-core prefill kernel (kernel-sources/attention/prefill_mma_sm80.cuh):
-// mma.sync, ldmatrix and cp.async, so every NVIDIA GPU from sm_80 on runs it.
+// Registration of the tensor-core prefill kernels: the portable one on mma.sync, ldmatrix and
+// cp.async (kernel-sources/attention/prefill_mma_sm80.cuh, every NVIDIA GPU from sm_80 on), and the
+// Hopper one on wgmma (prefill_wgmma_sm90.cuh, sm_90a only: wgmma exists on no other arch).
 #include <fmt/format.h>
 
 #include "attention/params.h"
@@ -10,46 +11,67 @@
 namespace kiln {
 namespace {
 
-constexpr int kBlockQ = 64;  // query rows per CTA
+// What differs between the two kernels; the signature checks and the grid rule are shared.
+struct PrefillKernel {
+  const char* name;
+  const char* source;
+  const char* entry;  // template name, instantiated with <dtype, head_dim>
+  Priority priority;
+  int min_arch;
+  std::vector<std::string> features;
+  int block_rows;      // query rows per CTA
+  uint32_t threads;
+  int tile_rows;       // rows of the Q tile and of each K and V tile
+  uint32_t alignment;  // slack added to shared memory to align the tiles
+};
 
-// Q tile plus two stages of K and V tiles, 64 rows each: the layout of prefill_mma_sm80.cuh.
-uint32_t shared_bytes(int head_dim) { return static_cast<uint32_t>((64 + 2 * 2 * 64) * head_dim * 2); }
-
-}  // namespace
-
-KILN_REGISTER_KERNEL(attention_prefill_mma) {
+KernelSpec prefill_kernel(const PrefillKernel& k) {
   KernelSpec spec;
-  spec.name = "attention.prefill.mma";
+  spec.name = k.name;
   spec.family = kFamilyAttention;
   spec.mode = kModePrefill;
-  spec.priority = Priority::kPortable;
+  spec.priority = k.priority;
   spec.specificity = 2;
   spec.requirements.vendor = Vendor::kNvidia;
-  spec.requirements.min_arch = 80;
-  spec.requirements.features = {"mma:mma_sync", "memory:cp_async"};
-  spec.source = "attention/prefill_mma_sm80.cuh";
+  spec.requirements.min_arch = k.min_arch;
+  spec.requirements.features = k.features;
+  spec.source = k.source;
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
     return detail::check_head_dim_64_or_128(sig);
   };
-  spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_mma_sm80<kiln::{}, {}>", sig.get("dtype"), sig.get_int("head_dim")), {}};
+  const std::string entry = k.entry;
+  spec.specialize = [entry](const Signature& sig, const Platform&) {
+    return Specialization{fmt::format("kiln::{}<kiln::{}, {}>", entry, sig.get("dtype"), sig.get_int("head_dim")), {}};
   };
-  spec.launch_shape = [](const void* params, const Platform& platform) {
+  spec.launch_shape = [k](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + kBlockQ - 1) / kBlockQ);
+    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + k.block_rows - 1) / k.block_rows);
     shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
-    shape.block[0] = 128;
-    shape.dynamic_shared_bytes = shared_bytes(p.head_dim);
+    shape.block[0] = k.threads;
+    // The Q tile plus two stages of K and V tiles, 16-bit elements.
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((1 + 2 * 2) * k.tile_rows * p.head_dim * 2) + k.alignment;
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("attention.prefill.mma needs {} bytes of shared memory at head_dim {}; {} allows {}",
+      throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
                                                        shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
     }
     return shape;
   };
   return spec;
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(attention_prefill_mma) {
+  return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, 80,
+                         {"mma:mma_sync", "memory:cp_async"}, 64, 128, 64, 0});
+}
+
+KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
+  return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, 90,
+                         {"mma:wgmma", "memory:cp_async"}, 128, 256, 128, 1024});
 }
 
 }  // namespace kiln

@@ -122,7 +122,8 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(total_q * c.hq)), ref.lse, what);
 }
 
-// Every case runs on each prefill kernel that accepts it: the tensor-core kernel and the reference.
+// Every case runs on each prefill kernel that accepts it: the Hopper wgmma kernel (the device is an
+// H100 or H200), the portable tensor-core kernel and the reference.
 TEST_F(Gpu, PrefillKernelsMatchFloat64) {
   const std::vector<int> ragged_q = {0, 1, 37, 130}, ragged_k = {5, 1, 70, 130};
   const std::vector<PrefillCase> cases = {
@@ -139,9 +140,11 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
       {DType::kF16, 128, 32, 8, {700, 129}, {700, 129}, false, -1, false, 0},
       {DType::kBF16, 128, 16, 16, {100, 300, 1}, {700, 300, 257}, true, -1, true, 0},
       {DType::kBF16, 64, 8, 1, {333}, {1200}, false, 200, false, 50.0f},  // window without causal, softcap
+      // Many 128-row and 128-key blocks at head_dim 128: window tiles skipped, sinks.
+      {DType::kBF16, 128, 8, 2, {1500, 260}, {1500, 260}, true, 300, true, 0},
   };
   const OperatorId prefill{kFamilyAttention, kModePrefill};
-  for (const char* kernel : {"attention.prefill.mma", "attention.prefill.reference"}) {
+  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.mma", "attention.prefill.reference"}) {
     Registry::global().set_override(prefill, kernel);
     int ran = 0;
     for (const auto& c : cases) {

@@ -1,0 +1,160 @@
+// Prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a). A CTA owns 128 query rows of one
+// head: two consumer warpgroups of 64 rows each. It walks 128-key blocks of K and V, double-
+// buffered in shared memory by cp.async in the 128-byte swizzle that wgmma reads. Per block each
+// warpgroup computes S = Q K^T with both operands in shared memory, one online-softmax step per
+// row on S's accumulators, and O += P V with P straight from registers (the RS form) and V read
+// N-major. Key blocks wholly outside the causal or window band are skipped, only edge blocks are
+// masked; query blocks are visited last-first so the longest start first.
+// Launch: grid (ceil(max_seqlen_q / 128), Hq, batch), block 256, dynamic shared memory
+// (128 + 2 x 2 x 128) x head_dim x 2 bytes + 1024 (alignment of the swizzle atoms).
+#pragma once
+
+#include "attention/mma_softmax.cuh"
+#include "attention/params.h"
+#include "common/mma_sm80.cuh"
+#include "common/prelude.cuh"
+#include "common/wgmma_sm90.cuh"
+
+namespace kiln {
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillParams p) {
+  enum : int {
+    kBlockQ = 128,                    // two warpgroups of 64 rows
+    kBlockK = 128,
+    kChunks = kHeadDim / 8,           // 16-byte chunks per row
+    kQAtomBytes = kBlockQ * 128,      // one 64-column swizzle-atom column of the Q tile
+    kKAtomBytes = kBlockK * 128,
+    kTileBytes = kKAtomBytes * (kHeadDim / 64),
+    kKeyTiles = kBlockK / 8,
+    kDTiles = kHeadDim / 8,
+  };
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* const q_tile = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [stage][K | V]
+  // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
+  auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };
+
+  const int warpgroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int q_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int q_begin = p.cu_seqlens_q[b], len_q = p.cu_seqlens_q[b + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[b], len_k = p.cu_seqlens_k[b + 1] - k_begin;
+  const int q0 = q_block * kBlockQ;
+  if (q0 >= len_q) return;
+  const int kv_head = head / (p.num_heads_q / p.num_heads_kv);
+
+  // Keys row i sees: [i + shift - window, i + shift] (bottom-right aligned), within [0, len_k).
+  const int shift = len_k - len_q;
+  const bool upper_bound = p.causal || p.window_left >= 0;
+  const int last_row = min(len_q, q0 + kBlockQ) - 1;
+  const int key_end = upper_bound ? min(len_k, last_row + shift + 1) : len_k;
+  const int key_start = p.window_left >= 0 ? max(0, q0 + shift - p.window_left) : 0;
+  const int block_start = key_start / kBlockK;
+  const int block_end = key_end > key_start ? (key_end + kBlockK - 1) / kBlockK : block_start;
+
+  // Q tile, rows past the sequence zero-filled.
+  const T* q_rows = static_cast<const T*>(p.q) + (q_begin + q0) * p.q_row_stride + head * p.q_head_stride;
+  for (int i = threadIdx.x; i < kBlockQ * kChunks; i += 256) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const bool valid = q0 + row < len_q;
+    copy16_async_or_zero(q_tile + tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
+  }
+  commit_copies();
+
+  const T* k_rows = static_cast<const T*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
+  const T* v_rows = static_cast<const T*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  // K and V of key block `block` into `stage`; keys past the end zero-filled (P is 0 there, and
+  // 0 * garbage could be NaN).
+  auto issue = [&](int block, int stage) {
+    unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    unsigned char* v_tile = k_tile + kTileBytes;
+    for (int i = threadIdx.x; i < kBlockK * kChunks; i += 256) {
+      const int row = i / kChunks, chunk = i % kChunks, key = block * kBlockK + row;
+      const bool valid = key < len_k;
+      const int at = valid ? key : 0;
+      const unsigned offset = tile_offset(row, chunk, kKAtomBytes);
+      copy16_async_or_zero(k_tile + offset, k_rows + at * p.k_row_stride + chunk * 8, valid);
+      copy16_async_or_zero(v_tile + offset, v_rows + at * p.v_row_stride + chunk * 8, valid);
+    }
+    commit_copies();
+  };
+  if (block_start < block_end) issue(block_start, 0);
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float s[kKeyTiles][4];
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
+  const float log2e = 1.4426950408889634f, scale_log2 = p.softmax_scale * log2e;
+  const int warp_row0 = q0 + warpgroup * 64 + warp * 16;  // this warp's first row
+  const int row_lo = warp_row0 + g;                         // this thread's rows: row_lo, row_lo + 8
+  const unsigned q_address = shared_address(q_tile) + warpgroup * 64 * 128;
+
+  for (int block = block_start; block < block_end; ++block) {
+    const int stage = (block - block_start) & 1;
+    wait_copies<0>();
+    fence_async_shared();
+    __syncthreads();  // this block (and Q) landed for every thread; both warpgroups are done with the other stage
+    if (block + 1 < block_end) issue(block + 1, stage ^ 1);
+    const unsigned k_address = shared_address(kv_tiles + stage * 2 * kTileBytes), v_address = k_address + kTileBytes;
+
+    // S = Q K^T over head_dim in steps of 16: 32 bytes along a swizzle atom, then the next atom column.
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const unsigned step = (ks & 3) * 32;
+      wgmma_ss<T, kBlockK>(s, wgmma_descriptor(q_address + (ks >> 2) * kQAtomBytes + step, 16, 1024),
+                           wgmma_descriptor(k_address + (ks >> 2) * kKAtomBytes + step, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+
+    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
+    const int key0 = block * kBlockK;
+    const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > warp_row0 + shift) ||
+                      (p.window_left >= 0 && key0 < warp_row0 + 15 + shift - p.window_left);
+    float tile_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1;
+        float x = p.softcap > 0.0f ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
+        if (edge) {
+          const int position = row_lo + 8 * half + shift, key = key0 + n * 8 + 2 * c + (e & 1);
+          if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) x = neg_inf();
+        }
+        s[n][e] = x;
+        tile_max[half] = fmaxf(tile_max[half], x);
+      }
+    }
+    online_softmax_step(s, tile_max, m_row, l_row, o);
+
+    // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators, V is
+    // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
+    unsigned pa[kBlockK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+  }
+  wait_copies<0>();  // no key block: Q's copies still land before the CTA exits
+
+  store_prefill_rows<T>(p, o, m_row, l_row, head, q_begin, len_q, row_lo, c);
+}
+
+}  // namespace kiln

@@ -1,0 +1,85 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) in inline PTX, for tiles kept in shared
+// memory in the 128-byte swizzle: the matrix descriptor, the SS form (A and B in shared memory),
+// the RS form (A in registers, B N-major), and the fence / commit / wait around them.
+// Accumulators are m64nN f32 tiles held as float[N / 8][4]: warp w of the warpgroup owns rows
+// 16 w .. 16 w + 15, and each [N / 8] entry is laid out as an mma.sync m16n8 accumulator, so the
+// softmax helpers of the mma.sync kernels apply unchanged.
+#pragma once
+
+#include "common/cluster.cuh"
+#include "common/prelude.cuh"
+
+namespace kiln {
+
+// 128-byte swizzle atom: 8 rows of 128 bytes (64 16-bit elements); 16-byte chunk c of row r sits
+// at chunk c ^ (r % 8). Atoms start on 1024-byte boundaries (the hardware swizzles address bits).
+__device__ __forceinline__ unsigned swizzle128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+// Matrix descriptor of a 128-byte-swizzled operand. K-major: `stride_bytes` steps between 8-row
+// groups (1024 for atoms stacked by row); `leading_bytes` is unused. N-major: `stride_bytes`
+// steps 8 rows along K, `leading_bytes` steps to the next 64 columns along N.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned smem_address, unsigned leading_bytes, unsigned stride_bytes) {
+  return static_cast<unsigned long long>((smem_address & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(leading_bytes >> 4) << 16) |
+         (static_cast<unsigned long long>(stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory"); }
+// Keeps the compiler from touching accumulators between an MMA's issue and the wait that ends it.
+template <int kTiles>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+// Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's
+// async proxy: each writing thread fences once its writes have landed, before the barrier.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Generated operand lists: the m64nN f32 accumulators, then the descriptors or A registers and the
+// accumulate flag (0: D = A B, otherwise D += A B).
+#define KILN_WGMMA_ACC_64 "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define KILN_WGMMA_D_64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define KILN_WGMMA_SS_TAIL_64 ", %32, %33, p, 1, 1, 0, 0;\n"
+#define KILN_WGMMA_SS_PRED_64 "setp.ne.b32 p, %34, 0;\n"
+#define KILN_WGMMA_RS_TAIL_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_PRED_64 "setp.ne.b32 p, %37, 0;\n"
+#define KILN_WGMMA_ACC_128 "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define KILN_WGMMA_D_128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_WGMMA_SS_TAIL_128 ", %64, %65, p, 1, 1, 0, 0;\n"
+#define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
+#define KILN_WGMMA_RS_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
+
+// D = A B (accumulate 0) or D += A B: A [64 x 16] and B [16 x N], both K-major in shared memory.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate);
+// D += A B: A [64 x 16] in registers (per warp, the mma.sync m16n8k16 A fragment of its 16 rows),
+// B [16 x N] N-major in shared memory.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b);
+
+#define KILN_WGMMA_DEFINE(TYPE, N)                                                                                        \
+  template <>                                                                                                             \
+  __device__ __forceinline__ void wgmma_ss<TYPE, N>(float (&d)[N / 8][4], unsigned long long a, unsigned long long b,    \
+                                                    int accumulate) {                                                     \
+    asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_SS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
+                 " " KILN_WGMMA_D_##N KILN_WGMMA_SS_TAIL_##N "}\n"                                                       \
+                 : KILN_WGMMA_ACC_##N                                                                                     \
+                 : "l"(a), "l"(b), "r"(accumulate));                                                                      \
+  }                                                                                                                       \
+  template <>                                                                                                             \
+  __device__ __forceinline__ void wgmma_rs<TYPE, N>(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) { \
+    asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
+                 " " KILN_WGMMA_D_##N KILN_WGMMA_RS_TAIL_##N "}\n"                                                       \
+                 : KILN_WGMMA_ACC_##N                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                                           \
+  }
+KILN_WGMMA_DEFINE(bf16, 64)
+KILN_WGMMA_DEFINE(bf16, 128)
+KILN_WGMMA_DEFINE(f16, 64)
+KILN_WGMMA_DEFINE(f16, 128)
+#undef KILN_WGMMA_DEFINE
+
+}  // namespace kiln
