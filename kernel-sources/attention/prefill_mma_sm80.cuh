@@ -20,7 +20,7 @@ namespace kiln {
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
 __device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kSoftcap>
 __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillParams p) {
   constexpr int kBlockQ = 64, kBlockK = 64;
   constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const float log2e = 1.4426950408889634f;
+  const float log2e = 1.4426950408889634f, scale_log2 = p.softmax_scale * log2e;
   const int row_lo = q0 + warp * 16 + g;  // this thread's rows: row_lo and row_lo + 8
 
   for (int block = block_start; block < block_end; ++block) {
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
       }
     }
 
-    // Scale, cap and mask; masks only where the block crosses a band edge or the end.
+    // Scale, cap and mask; masks only where the block crosses a band edge or the end. The cap is a
+    // template flag: its tanhf, inlined for each score, would crowd the instruction cache.
     const int key0 = block * kBlockK;
     const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > q0 + warp * 16 + shift) ||
                       (p.window_left >= 0 && key0 < q0 + warp * 16 + 15 + shift - p.window_left);
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e >> 1, row = row_lo + 8 * half, key = key0 + n * 8 + 2 * c + (e & 1);
-        float x = softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e;
+        float x = kSoftcap ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
         if (edge) {
           const int position = row + shift;
           if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {

@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kSoftcap>
 __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillParams p) {
   enum : int {
     kBlockQ = 128,                    // two warpgroups of 64 rows
@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
-    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
+    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end. The cap is
+    // a template flag: its tanhf, inlined for each of the 64 scores, would crowd the instruction cache.
     const int key0 = block * kBlockK;
     const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > warp_row0 + shift) ||
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + shift - p.window_left);
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e >> 1;
-        float x = p.softcap > 0.0f ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
+        float x = kSoftcap ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
         if (edge) {
           const int position = row_lo + 8 * half + shift, key = key0 + n * 8 + 2 * c + (e & 1);
           if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) x = neg_inf();

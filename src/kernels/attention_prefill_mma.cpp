@@ -15,7 +15,7 @@ namespace {
 struct PrefillKernel {
   const char* name;
   const char* source;
-  const char* entry;  // template name, instantiated with <dtype, head_dim>
+  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap>
   Priority priority;
   int min_arch;
   std::vector<std::string> features;
@@ -42,7 +42,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   const std::string entry = k.entry;
   spec.specialize = [entry](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::{}<kiln::{}, {}>", entry, sig.get("dtype"), sig.get_int("head_dim")), {}};
+    return Specialization{
+        fmt::format("kiln::{}<kiln::{}, {}, {}>", entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0), {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
