@@ -19,30 +19,84 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// One step over a tile of scores `s` (scaled to the log2 domain, masked to -inf) whose
-// per-thread row maxima are `tile_max`: updates the running max `m_row` and sum `l_row` of both
-// rows, turns the scores into probabilities in place, and rescales the O accumulators.
-template <int kKeyTiles, int kDTiles>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&tile_max)[2], float (&m_row)[2],
-                                                    float (&l_row)[2], float (&o)[kDTiles][4]) {
-  float factor[2];
+// 2^x with subnormal results flushed to zero: one MUFU.EX2 (exp2f adds a range fix-up around it).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Turns a tile of raw Q K^T scores into log2-domain logits in place: the soft cap (a template
+// flag, since its tanhf inlined for every score would crowd the instruction cache), the scale,
+// and, only where `edge` says the tile crosses a band edge or the end, -inf for keys a row does
+// not see. Bounds are taken relative to the thread's first key, so each test is against a
+// constant. The two paths are separate loops so the common one carries no mask code at all.
+// Prefill rows: row i sees keys [i + shift - window, i + shift] (bottom-right aligned) within
+// [0, len_k); the thread's rows are row_lo and row_lo + 8, its first key of the tile `first_key`.
+template <bool kSoftcap, int kKeyTiles>
+__device__ __forceinline__ void scale_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo,
+                                                      int shift, int len_k, int first_key) {
+  const float log2e = 1.4426950408889634f, scale_log2 = p.softmax_scale * log2e;
+  auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * log2e : x * scale_log2; };
+  if (!edge) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = logit(s[n][e]);
+    }
+    return;
+  }
+  int lo[2], hi[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    tile_max[half] = quad_max(tile_max[half]);
-    const float new_m = fmaxf(m_row[half], tile_max[half]);
-    factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2f(m_row[half] - new_m);
-    m_row[half] = new_m;
-    l_row[half] *= factor[half];
+    const int position = row_lo + 8 * half + shift;
+    const int last = p.causal || p.window_left >= 0 ? min(len_k - 1, position) : len_k - 1;
+    hi[half] = last - first_key;
+    lo[half] = (p.window_left >= 0 ? position - p.window_left : 0) - first_key;
   }
 #pragma unroll
   for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int half = e >> 1;
-      const float pe = s[n][e] == neg_inf() ? 0.0f : exp2f(s[n][e] - m_row[half]);
-      s[n][e] = pe;
-      l_row[half] += pe;
+      const int key = n * 8 + (e & 1), half = e >> 1;
+      s[n][e] = key < lo[half] || key > hi[half] ? neg_inf() : logit(s[n][e]);
     }
+  }
+}
+
+// One step over a tile of log2-domain logits `s` (masked to -inf): updates the running max
+// `m_row` and sum `l_row` of both rows, turns the logits into probabilities in place, and
+// rescales the O accumulators. Maxima and sums run as two chains per row for shorter latency.
+template <int kKeyTiles, int kDTiles>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float (&o)[kDTiles][4]) {
+  float factor[2], m_use[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float a = neg_inf(), b = neg_inf();
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n += 2) {
+      a = fmaxf(a, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+      b = fmaxf(b, fmaxf(s[n + 1][2 * half], s[n + 1][2 * half + 1]));
+    }
+    const float new_m = fmaxf(m_row[half], quad_max(fmaxf(a, b)));
+    factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2_ftz(m_row[half] - new_m);
+    m_row[half] = new_m;
+    m_use[half] = new_m == neg_inf() ? 0.0f : new_m;  // a row masked so far: exp2(-inf - 0) = 0, not NaN
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float a = 0.0f, b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n += 2) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        s[n][2 * half + j] = exp2_ftz(s[n][2 * half + j] - m_use[half]);
+        s[n + 1][2 * half + j] = exp2_ftz(s[n + 1][2 * half + j] - m_use[half]);
+        a += s[n][2 * half + j];
+        b += s[n + 1][2 * half + j];
+      }
+    }
+    l_row[half] = l_row[half] * factor[half] + (a + b);
   }
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) {

@@ -92,7 +92,6 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const float log2e = 1.4426950408889634f, scale_log2 = p.softmax_scale * log2e;
   const int row_lo = q0 + warp * 16 + g;  // this thread's rows: row_lo and row_lo + 8
 
   for (int block = block_start; block < block_end; ++block) {
@@ -119,29 +118,12 @@ __global__ void __launch_bounds__(128, 2) prefill_mma_sm80(const KilnPrefillPara
       }
     }
 
-    // Scale, cap and mask; masks only where the block crosses a band edge or the end. The cap is a
-    // template flag: its tanhf, inlined for each score, would crowd the instruction cache.
+    // Scale, cap and mask; masks only where the block crosses a band edge or the end.
     const int key0 = block * kBlockK;
     const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > q0 + warp * 16 + shift) ||
                       (p.window_left >= 0 && key0 < q0 + warp * 16 + 15 + shift - p.window_left);
-    float tile_max[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1, row = row_lo + 8 * half, key = key0 + n * 8 + 2 * c + (e & 1);
-        float x = kSoftcap ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
-        if (edge) {
-          const int position = row + shift;
-          if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
-            x = neg_inf();
-          }
-        }
-        s[n][e] = x;
-        tile_max[half] = fmaxf(tile_max[half], x);
-      }
-    }
-    online_softmax_step(s, tile_max, m_row, l_row, o);
+    scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, shift, len_k, key0 + 2 * c);
+    online_softmax_step(s, m_row, l_row, o);
     // O += P V over the block's keys, 16 at a time: P's A fragments are S's accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {

@@ -66,17 +66,24 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
   const T* k_rows = static_cast<const T*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
   const T* v_rows = static_cast<const T*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
   // K and V of key block `block` into `stage`; keys past the end zero-filled (P is 0 there, and
-  // 0 * garbage could be NaN).
+  // 0 * garbage could be NaN). A thread always copies chunk `chunk` of rows row0 + j * kRowStep:
+  // kRowStep is a multiple of 8, so the swizzled shared offset moves by whole rows.
+  enum : int { kRowStep = 256 / kChunks, kCopies = kBlockK / kRowStep };
+  const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+  const unsigned copy_offset = tile_offset(row0, chunk, kKAtomBytes);
+  const T* k_thread = k_rows + row0 * p.k_row_stride + chunk * 8;
+  const T* v_thread = v_rows + row0 * p.v_row_stride + chunk * 8;
   auto issue = [&](int block, int stage) {
-    unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
     unsigned char* v_tile = k_tile + kTileBytes;
-    for (int i = threadIdx.x; i < kBlockK * kChunks; i += 256) {
-      const int row = i / kChunks, chunk = i % kChunks, key = block * kBlockK + row;
-      const bool valid = key < len_k;
-      const int at = valid ? key : 0;
-      const unsigned offset = tile_offset(row, chunk, kKAtomBytes);
-      copy16_async_or_zero(k_tile + offset, k_rows + at * p.k_row_stride + chunk * 8, valid);
-      copy16_async_or_zero(v_tile + offset, v_rows + at * p.v_row_stride + chunk * 8, valid);
+    const int first = block * kBlockK;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      const int row = first + j * kRowStep;
+      const bool valid = row0 + row < len_k;
+      const long long at = valid ? row : -row0;  // invalid: row 0 of the sequence, read as zero bytes
+      copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + at * p.k_row_stride, valid);
+      copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + at * p.v_row_stride, valid);
     }
     commit_copies();
   };
@@ -89,7 +96,6 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
 #pragma unroll
   for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const float log2e = 1.4426950408889634f, scale_log2 = p.softmax_scale * log2e;
   const int warp_row0 = q0 + warpgroup * 64 + warp * 16;  // this warp's first row
   const int row_lo = warp_row0 + g;                         // this thread's rows: row_lo, row_lo + 8
   const unsigned q_address = shared_address(q_tile) + warpgroup * 64 * 128;
@@ -114,27 +120,12 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
-    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end. The cap is
-    // a template flag: its tanhf, inlined for each of the 64 scores, would crowd the instruction cache.
+    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
     const int key0 = block * kBlockK;
     const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > warp_row0 + shift) ||
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + shift - p.window_left);
-    float tile_max[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        float x = kSoftcap ? softcap_score(s[n][e] * p.softmax_scale, p.softcap) * log2e : s[n][e] * scale_log2;
-        if (edge) {
-          const int position = row_lo + 8 * half + shift, key = key0 + n * 8 + 2 * c + (e & 1);
-          if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) x = neg_inf();
-        }
-        s[n][e] = x;
-        tile_max[half] = fmaxf(tile_max[half], x);
-      }
-    }
-    online_softmax_step(s, tile_max, m_row, l_row, o);
+    scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, shift, len_k, key0 + 2 * c);
+    online_softmax_step(s, m_row, l_row, o);
 
     // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators, V is
     // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
