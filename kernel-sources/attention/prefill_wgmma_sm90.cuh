@@ -1,12 +1,14 @@
 // Prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a). A CTA owns 128 query rows of one
-// head: two consumer warpgroups of 64 rows each. It walks 128-key blocks of K and V, double-
-// buffered in shared memory by cp.async in the 128-byte swizzle that wgmma reads. Per block each
-// warpgroup computes S = Q K^T with both operands in shared memory, one online-softmax step per
-// row on S's accumulators, and O += P V with P straight from registers (the RS form) and V read
-// N-major. Key blocks wholly outside the causal or window band are skipped, only edge blocks are
-// masked; query blocks are visited last-first so the longest start first.
+// head: two warpgroups of 64 rows each. It walks 128-key blocks of K and V, staged (three deep) in
+// shared memory by cp.async in the 128-byte swizzle that wgmma reads. Per block each warpgroup
+// computes S = Q K^T with both operands in shared memory, one online-softmax step per row on S's
+// accumulators, and O += P V with P straight from registers (the RS form) and V read N-major; the
+// second warpgroup runs half a block behind the first. Key blocks wholly outside the causal or
+// window band are skipped, only edge blocks are masked; query blocks are visited last-first so
+// the longest start first.
 // Launch: grid (ceil(max_seqlen_q / 128), Hq, batch), block 256, dynamic shared memory
-// (128 + 2 x 2 x 128) x head_dim x 2 bytes + 1024 (alignment of the swizzle atoms).
+// (128 + 3 x 2 x 128) x head_dim x 2 bytes + 1024 (alignment of the swizzle atoms): 225 KB at
+// head_dim 128.
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -22,6 +24,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
   enum : int {
     kBlockQ = 128,                    // two warpgroups of 64 rows
     kBlockK = 128,
+    kStages = 3,                      // K and V tiles in flight (see the loop)
     kChunks = kHeadDim / 8,           // 16-byte chunks per row
     kQAtomBytes = kBlockQ * 128,      // one 64-column swizzle-atom column of the Q tile
     kKAtomBytes = kBlockK * 128,
@@ -31,7 +34,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
   };
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
-  unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [stage][K | V]
+  unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
   // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
   auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };
 
@@ -100,16 +103,31 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
   const int row_lo = warp_row0 + g;                         // this thread's rows: row_lo, row_lo + 8
   const unsigned q_address = shared_address(q_tile) + warpgroup * 64 * 128;
 
+  // O += P V over one block's keys, 16 at a time; V is N-major: 8 keys per 1024-byte atom row
+  // group, the next 64 columns one atom column on.
+  unsigned pa[kBlockK / 16][4];
+  auto issue_pv = [&](int stage) {
+    const unsigned v_address = shared_address(kv_tiles + stage * 2 * kTileBytes) + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
+    wgmma_commit();
+  };
+  // Warpgroup 1 runs half an iteration behind warpgroup 0: it issues the P V of the previous block
+  // together with this block's Q K^T, so one warpgroup's softmax (exp on the MUFU) overlaps the
+  // other's MMAs instead of both idling the tensor cores at once. Its P lives across the barrier,
+  // so a block's stage stays untouched for one more iteration: three stages, prefetch distance 1.
+  const bool lagging = warpgroup == 1;
   for (int block = block_start; block < block_end; ++block) {
-    const int stage = (block - block_start) & 1;
+    const int stage = (block - block_start) % kStages;
     wait_copies<0>();
     fence_async_shared();
-    __syncthreads();  // this block (and Q) landed for every thread; both warpgroups are done with the other stage
-    if (block + 1 < block_end) issue(block + 1, stage ^ 1);
-    const unsigned k_address = shared_address(kv_tiles + stage * 2 * kTileBytes), v_address = k_address + kTileBytes;
+    __syncthreads();  // this block (and Q) landed for every thread; no warpgroup still reads the stage refilled next
+    if (block + 1 < block_end) issue(block + 1, (stage + 1) % kStages);
+    const unsigned k_address = shared_address(kv_tiles + stage * 2 * kTileBytes);
 
-    // S = Q K^T over head_dim in steps of 16: 32 bytes along a swizzle atom, then the next atom column.
     wgmma_fence();
+    if (lagging && block > block_start) issue_pv(stage == 0 ? kStages - 1 : stage - 1);
+    // S = Q K^T over head_dim in steps of 16: 32 bytes along a swizzle atom, then the next atom column.
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const unsigned step = (ks & 3) * 32;
@@ -119,6 +137,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
+    wgmma_fence_operands(o);
 
     // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
     const int key0 = block * kBlockK;
@@ -126,10 +145,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + shift - p.window_left);
     scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, shift, len_k, key0 + 2 * c);
     online_softmax_step(s, m_row, l_row, o);
-
-    // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators, V is
-    // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
-    unsigned pa[kBlockK / 16][4];
+    // P's A fragments are S's accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
       pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
@@ -137,10 +153,16 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
       pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+    if (!lagging) {
+      wgmma_fence();
+      issue_pv(stage);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+    }
+  }
+  if (lagging && block_start < block_end) {  // the last block's P V
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
-    wgmma_commit();
+    issue_pv((block_end - 1 - block_start) % kStages);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
   }

@@ -22,6 +22,7 @@ struct PrefillKernel {
   int block_rows;      // query rows per CTA
   uint32_t threads;
   int tile_rows;       // rows of the Q tile and of each K and V tile
+  int stages;          // K and V tile pairs in shared memory
   uint32_t alignment;  // slack added to shared memory to align the tiles
 };
 
@@ -52,8 +53,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
     shape.block[0] = k.threads;
-    // The Q tile plus two stages of K and V tiles, 16-bit elements.
-    shape.dynamic_shared_bytes = static_cast<uint32_t>((1 + 2 * 2) * k.tile_rows * p.head_dim * 2) + k.alignment;
+    // The Q tile plus the stages of K and V tiles, 16-bit elements.
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((1 + 2 * k.stages) * k.tile_rows * p.head_dim * 2) + k.alignment;
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
                                                        shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
@@ -67,12 +68,12 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
 
 KILN_REGISTER_KERNEL(attention_prefill_mma) {
   return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, 80,
-                         {"mma:mma_sync", "memory:cp_async"}, 64, 128, 64, 0});
+                         {"mma:mma_sync", "memory:cp_async"}, 64, 128, 64, 2, 0});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
   return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, 90,
-                         {"mma:wgmma", "memory:cp_async"}, 128, 256, 128, 1024});
+                         {"mma:wgmma", "memory:cp_async"}, 128, 256, 128, 3, 1024});
 }
 
 }  // namespace kiln
