@@ -1,14 +1,15 @@
-// Prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a). A CTA owns 128 query rows of one
-// head: two warpgroups of 64 rows each. It walks 128-key blocks of K and V, staged (three deep) in
+// Prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a). A CTA owns 64 query rows of one
+// head per warpgroup: two warpgroups at head_dim 128, three at 64 (more rows per K/V tile where
+// the MMAs are short). It walks 128-key blocks of K and V, staged (three deep) in
 // shared memory by cp.async in the 128-byte swizzle that wgmma reads. Per block each warpgroup
 // computes S = Q K^T with both operands in shared memory, one online-softmax step per row on S's
-// accumulators, and O += P V with P straight from registers (the RS form) and V read N-major; the
-// second warpgroup runs half a block behind the first. Key blocks wholly outside the causal or
+// accumulators, and O += P V with P straight from registers (the RS form) and V read N-major;
+// warpgroup 1 runs half a block behind the others. Key blocks wholly outside the causal or
 // window band are skipped, only edge blocks are masked; query blocks are visited last-first so
 // the longest start first.
-// Launch: grid (ceil(max_seqlen_q / 128), Hq, batch), block 256, dynamic shared memory
-// (128 + 3 x 2 x 128) x head_dim x 2 bytes + 1024 (alignment of the swizzle atoms): 225 KB at
-// head_dim 128.
+// Launch: grid (ceil(max_seqlen_q / rows), Hq, batch), block 2 x rows, with rows = 64 x warpgroups;
+// dynamic shared memory (rows + 3 x 2 x 128) x head_dim x 2 bytes + 1024 (alignment of the swizzle
+// atoms): 225 KB at head_dim 128.
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -20,9 +21,11 @@
 namespace kiln {
 
 template <typename T, int kHeadDim, bool kSoftcap>
-__global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillParams p) {
+__global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_sm90(const KilnPrefillParams p) {
   enum : int {
-    kBlockQ = 128,                    // two warpgroups of 64 rows
+    kWarpgroups = kHeadDim == 64 ? 3 : 2,
+    kBlockQ = 64 * kWarpgroups,
+    kCopyThreads = 256,               // the first two warpgroups issue the copies
     kBlockK = 128,
     kStages = 3,                      // K and V tiles in flight (see the loop)
     kChunks = kHeadDim / 8,           // 16-byte chunks per row
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
 
   // Q tile, rows past the sequence zero-filled.
   const T* q_rows = static_cast<const T*>(p.q) + (q_begin + q0) * p.q_row_stride + head * p.q_head_stride;
-  for (int i = threadIdx.x; i < kBlockQ * kChunks; i += 256) {
+  for (int i = threadIdx.x; i < kBlockQ * kChunks; i += kWarpgroups * 128) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool valid = q0 + row < len_q;
     copy16_async_or_zero(q_tile + tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
@@ -71,12 +74,13 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
   // K and V of key block `block` into `stage`; keys past the end zero-filled (P is 0 there, and
   // 0 * garbage could be NaN). A thread always copies chunk `chunk` of rows row0 + j * kRowStep:
   // kRowStep is a multiple of 8, so the swizzled shared offset moves by whole rows.
-  enum : int { kRowStep = 256 / kChunks, kCopies = kBlockK / kRowStep };
+  enum : int { kRowStep = kCopyThreads / kChunks, kCopies = kBlockK / kRowStep };
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = tile_offset(row0, chunk, kKAtomBytes);
   const T* k_thread = k_rows + row0 * p.k_row_stride + chunk * 8;
   const T* v_thread = v_rows + row0 * p.v_row_stride + chunk * 8;
   auto issue = [&](int block, int stage) {
+    if (threadIdx.x >= kCopyThreads) return;
     unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
     unsigned char* v_tile = k_tile + kTileBytes;
     const int first = block * kBlockK;
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_sm90(const KilnPrefillPa
     for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
     wgmma_commit();
   };
-  // Warpgroup 1 runs half an iteration behind warpgroup 0: it issues the P V of the previous block
+  // Warpgroup 1 runs half an iteration behind the others: it issues the P V of the previous block
   // together with this block's Q K^T, so one warpgroup's softmax (exp on the MUFU) overlaps the
   // other's MMAs instead of both idling the tensor cores at once. Its P lives across the barrier,
   // so a block's stage stays untouched for one more iteration: three stages, prefetch distance 1.

@@ -19,9 +19,9 @@ struct PrefillKernel {
   Priority priority;
   int min_arch;
   std::vector<std::string> features;
-  int block_rows;      // query rows per CTA
-  uint32_t threads;
-  int tile_rows;       // rows of the Q tile and of each K and V tile
+  int block_rows_d64;  // query rows per CTA at head_dim 64, and at 128; two threads per row
+  int block_rows_d128;
+  int key_rows;        // rows of each K and V tile
   int stages;          // K and V tile pairs in shared memory
   uint32_t alignment;  // slack added to shared memory to align the tiles
 };
@@ -48,13 +48,14 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
+    const int rows = p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + k.block_rows - 1) / k.block_rows);
+    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + rows - 1) / rows);
     shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
-    shape.block[0] = k.threads;
+    shape.block[0] = static_cast<uint32_t>(2 * rows);
     // The Q tile plus the stages of K and V tiles, 16-bit elements.
-    shape.dynamic_shared_bytes = static_cast<uint32_t>((1 + 2 * k.stages) * k.tile_rows * p.head_dim * 2) + k.alignment;
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
                                                        shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
@@ -68,12 +69,12 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
 
 KILN_REGISTER_KERNEL(attention_prefill_mma) {
   return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, 80,
-                         {"mma:mma_sync", "memory:cp_async"}, 64, 128, 64, 2, 0});
+                         {"mma:mma_sync", "memory:cp_async"}, 64, 64, 64, 2, 0});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
   return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, 90,
-                         {"mma:wgmma", "memory:cp_async"}, 128, 256, 128, 3, 1024});
+                         {"mma:wgmma", "memory:cp_async"}, 192, 128, 128, 3, 1024});
 }
 
 }  // namespace kiln
