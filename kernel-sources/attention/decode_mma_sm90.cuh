@@ -218,21 +218,19 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
       }
     }
     // Scale, cap, mask; one online-softmax step per row for the whole tile.
-    float tile_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1, r = g + 8 * half;
+        const int r = g + 8 * (e >> 1);
         const int tok = base + 8 * n + 2 * c + (e & 1);
         const int rel = tok - (len - kQLen), j = r / kGroup;
         float x = softcap_score(s[n][e] * score_scale, p.softcap) * 1.4426950408889634f;
         if (r >= kRows || tok >= t1 || rel > j || rel < j - window) x = neg_inf();
         s[n][e] = x;
-        tile_max[half] = fmaxf(tile_max[half], x);
       }
     }
-    online_softmax_step(s, tile_max, m_row, l_row, o);
+    online_softmax_step(s, m_row, l_row, o);
     // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
     const unsigned pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
                             pack2<M>(s[1][2], s[1][3])};
