@@ -19,10 +19,13 @@
 
 #include "moe/moe_common.cuh"
 #include "moe/stream_workspace.h"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
+#include "moe/moe_gemm_sm90.cuh"
+#endif
 
 namespace kiln {
 
-enum { kMoeStreamWarps = 16, kMoeStreamChunk = 4, kMoeStreamMaxExperts = 256 };
+enum { kMoeStreamWarps = 16, kMoeStreamChunk = 4, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
 struct Words4 {
   u32 w[4];
@@ -375,6 +378,7 @@ template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsB
 __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const KilnMoeParams p) {
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
+  __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first 128-pair GEMM tile row of each expert
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
   unsigned* barriers = reinterpret_cast<unsigned*>(ws + layout.barriers);
@@ -399,37 +403,43 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   // scan over the lanes).
   if (threadIdx.x < kWarp) {
     constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
-    int n[kPerLane], lane_pairs = 0, lane_chunks = 0;
+    int n[kPerLane], lane_pairs = 0, lane_chunks = 0, lane_mtiles = 0;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
       n[i] = e < experts ? *reinterpret_cast<volatile int*>(&counts[e]) : 0;
       lane_pairs += n[i];
       lane_chunks += (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
+      lane_mtiles += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
     }
-    int pairs_through = lane_pairs, chunks_through = lane_chunks;  // inclusive scan over lanes
+    int pairs_through = lane_pairs, chunks_through = lane_chunks, mtiles_through = lane_mtiles;  // inclusive scan over lanes
 #pragma unroll
     for (int offset = 1; offset < kWarp; offset <<= 1) {
       const int a = __shfl_up_sync(0xffffffffu, pairs_through, offset), b = __shfl_up_sync(0xffffffffu, chunks_through, offset);
+      const int m = __shfl_up_sync(0xffffffffu, mtiles_through, offset);
       if (lane >= offset) {
         pairs_through += a;
         chunks_through += b;
+        mtiles_through += m;
       }
     }
-    int pair_at = pairs_through - lane_pairs, chunk_at = chunks_through - lane_chunks;
+    int pair_at = pairs_through - lane_pairs, chunk_at = chunks_through - lane_chunks, mtile_at = mtiles_through - lane_mtiles;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
       if (e < experts) {
         pair_start[e] = pair_at;
         chunk_start[e] = chunk_at;
+        mtile_start[e] = mtile_at;
       }
       pair_at += n[i];
       chunk_at += (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
+      mtile_at += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
     }
     if (lane == kWarp - 1) {
       pair_start[experts] = pairs_through;
       chunk_start[experts] = chunks_through;
+      mtile_start[experts] = mtiles_through;
     }
   }
   __syncthreads();
@@ -440,47 +450,65 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   grid_barrier(&barriers[1]);
   const int total_chunks = chunk_start[experts];
 
-  // up: act[pair][r] for every routed pair and intermediate unit r.
-  const long long up_items = static_cast<long long>(total_chunks) * p.intermediate;
-  for (long long item = warp; item < up_items; item += warps) {
-    const int chunk = static_cast<int>(item / p.intermediate), r = static_cast<int>(item % p.intermediate);
-    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
-    int pair[kMoeStreamChunk], token[kMoeStreamChunk];
-#pragma unroll
-    for (int m = 0; m < kMoeStreamChunk; ++m) {
-      pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
-      token[m] = pair[m] / k;
-    }
-    const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
-    const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
-    float gate[kMoeStreamChunk], up[kMoeStreamChunk];
-#pragma unroll
-    for (int m = 0; m < kMoeStreamChunk; ++m) gate[m] = up[m] = 0.0f;
-    up_dots<kFormat>(p, c.expert, gate_row, up_row, token, c.count, lane, gate, up);
-    const float g = reduce_to_lane(gate, c.count, lane), u = reduce_to_lane(up, c.count, lane);
-    if (lane < c.count) {
-      const long long bias = c.expert * p.w13_bias_expert_stride;
-      act[static_cast<long long>(select_lane(pair, lane)) * p.intermediate + r] =
-          glu_activation<kActivation>(g + moe_bias<kBias13>(p.w13_bias, bias + gate_row), u + moe_bias<kBias13>(p.w13_bias, bias + up_row));
-    }
+  bool tensor_cores = false;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The launch gives the dynamic shared memory of the grouped GEMMs when the token count pays for
+  // them (src/kernels/moe_stream.cpp); the pipelined tiles need 128-byte-aligned rows of K.
+  unsigned dynamic_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+  tensor_cores = kFormat == kWeightsBf16 && dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES;
+  if (tensor_cores) {
+    extern __shared__ unsigned char moe_dynamic[];
+    unsigned char* stages = moe_dynamic + ((1024 - (shared_address(moe_dynamic) & 1023)) & 1023);
+    bf16* act16 = reinterpret_cast<bf16*>(act);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y);
+    grid_barrier(&barriers[2]);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y);
   }
-  grid_barrier(&barriers[2]);
+#endif
+  if (!tensor_cores) {
+    // up: act[pair][r] for every routed pair and intermediate unit r.
+    const long long up_items = static_cast<long long>(total_chunks) * p.intermediate;
+    for (long long item = warp; item < up_items; item += warps) {
+      const int chunk = static_cast<int>(item / p.intermediate), r = static_cast<int>(item % p.intermediate);
+      const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
+      int pair[kMoeStreamChunk], token[kMoeStreamChunk];
+  #pragma unroll
+      for (int m = 0; m < kMoeStreamChunk; ++m) {
+        pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
+        token[m] = pair[m] / k;
+      }
+      const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
+      const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
+      float gate[kMoeStreamChunk], up[kMoeStreamChunk];
+  #pragma unroll
+      for (int m = 0; m < kMoeStreamChunk; ++m) gate[m] = up[m] = 0.0f;
+      up_dots<kFormat>(p, c.expert, gate_row, up_row, token, c.count, lane, gate, up);
+      const float g = reduce_to_lane(gate, c.count, lane), u = reduce_to_lane(up, c.count, lane);
+      if (lane < c.count) {
+        const long long bias = c.expert * p.w13_bias_expert_stride;
+        act[static_cast<long long>(select_lane(pair, lane)) * p.intermediate + r] =
+            glu_activation<kActivation>(g + moe_bias<kBias13>(p.w13_bias, bias + gate_row), u + moe_bias<kBias13>(p.w13_bias, bias + up_row));
+      }
+    }
+    grid_barrier(&barriers[2]);
 
-  // down: y[pair][h] for every routed pair and hidden row h.
-  const long long down_items = static_cast<long long>(total_chunks) * p.hidden;
-  for (long long item = warp; item < down_items; item += warps) {
-    const int chunk = static_cast<int>(item / p.hidden), h = static_cast<int>(item % p.hidden);
-    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
-    int pair[kMoeStreamChunk];
-#pragma unroll
-    for (int m = 0; m < kMoeStreamChunk; ++m) pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
-    float acc[kMoeStreamChunk];
-#pragma unroll
-    for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] = 0.0f;
-    down_dots<kFormat>(p, c.expert, h, act, pair, c.count, lane, acc);
-    const float s = reduce_to_lane(acc, c.count, lane);
-    if (lane < c.count) {
-      y[static_cast<long long>(select_lane(pair, lane)) * p.hidden + h] = s + moe_bias<kBias2>(p.w2_bias, c.expert * p.w2_bias_expert_stride + h);
+    // down: y[pair][h] for every routed pair and hidden row h.
+    const long long down_items = static_cast<long long>(total_chunks) * p.hidden;
+    for (long long item = warp; item < down_items; item += warps) {
+      const int chunk = static_cast<int>(item / p.hidden), h = static_cast<int>(item % p.hidden);
+      const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
+      int pair[kMoeStreamChunk];
+  #pragma unroll
+      for (int m = 0; m < kMoeStreamChunk; ++m) pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
+      float acc[kMoeStreamChunk];
+  #pragma unroll
+      for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] = 0.0f;
+      down_dots<kFormat>(p, c.expert, h, act, pair, c.count, lane, acc);
+      const float s = reduce_to_lane(acc, c.count, lane);
+      if (lane < c.count) {
+        y[static_cast<long long>(select_lane(pair, lane)) * p.hidden + h] = s + moe_bias<kBias2>(p.w2_bias, c.expert * p.w2_bias_expert_stride + h);
+      }
     }
   }
   grid_barrier(&barriers[3]);

@@ -17,6 +17,12 @@
 #define KILN_MOE_HOST_DEVICE
 #endif
 
+// The grouped-GEMM phases (moe/moe_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
+// dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
+// bf16, plus 1 KB to align the swizzle atoms). They write act as bf16 into the act region.
+#define KILN_MOE_GEMM_ROWS 128
+#define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
+
 struct KilnMoeStreamWorkspace {
   long long barriers, counts, fill, ids, weights, pairs, act, y, total;
 };

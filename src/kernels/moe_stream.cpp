@@ -1,6 +1,7 @@
 // Registration of the weight-streaming MoE kernel (kernel-sources/moe/moe_stream.cuh): one
-// cooperative launch with grid-wide barriers and a stream-ordered workspace, for decode-sized
-// token counts on NVIDIA sm_80+.
+// cooperative launch with grid-wide barriers and a stream-ordered workspace, on NVIDIA sm_80+; on
+// sm_90a with bf16 weights its up and down phases become grouped GEMMs on wgmma from a token count
+// on (moe/moe_gemm_sm90.cuh).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -15,6 +16,15 @@ namespace {
 
 constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in moe_stream.cuh: routing keeps 8 logits per lane
 constexpr int kThreads = 512;     // kMoeStreamWarps x 32
+// Routed (token, slot) pairs from which the grouped-GEMM phases replace the weight-streaming ones
+// on sm_90a with bf16 weights (measured on an H200: bench/RESULTS.md).
+constexpr long long kGemmMinPairs = 1;
+
+// The grouped GEMMs run on wgmma over 64-deep K slices of 16-byte rows.
+bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
+  return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
+         static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+}
 
 KernelSpec moe_stream_spec() {
   KernelSpec spec;
@@ -34,13 +44,15 @@ KernelSpec moe_stream_spec() {
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
   };
-  // One CTA of 512 threads per SM (at most 128 registers each, 2 KB of shared memory), all
-  // resident: the cooperative launch fails rather than deadlock when they are not.
-  spec.launch_shape = [](const void*, const Platform& platform) {
+  // One CTA of 512 threads per SM (at most 128 registers each, 3 KB of static shared memory),
+  // all resident: the cooperative launch fails rather than deadlock when they are not. The
+  // dynamic shared memory, when given, selects the grouped-GEMM phases.
+  spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
     shape.block[0] = kThreads;
     shape.cooperative = true;
+    if (use_grouped_gemm(*static_cast<const KilnMoeParams*>(params), platform)) shape.dynamic_shared_bytes = KILN_MOE_GEMM_SHARED_BYTES;
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {

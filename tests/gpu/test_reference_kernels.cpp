@@ -418,6 +418,10 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 8, 256, 128, 128, 4, 0, true, 1, true, false, false},
       {true, 20, 64, 32, 256, 8, 1, false, 0, false, true, false},
       {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
+      // The grouped-GEMM phases (sm_90a, bf16, from a token count on): one expert with 800 pairs
+      // (7 row tiles), and concatenated gate/up over several column tiles with biases.
+      {false, 400, 128, 128, 8, 2, 2, true, 0, false, false, true},
+      {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
   };
   const OperatorId moe{kFamilyMoe, kModeApply};
   for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
