@@ -11,10 +11,12 @@
 //            the chunk's act rows: y, bias included;
 //   combine  out[t] = sum over slots j of weight[t][j] * y[t, j], in slot order (deterministic).
 // An expert's weights are read once per chunk of 4 tokens routed to it: exactly once at decode
-// sizes. At prefill sizes a grouped GEMM is the right kernel; it is not written yet.
+// sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
+// down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
 // Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale.
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
-// Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I).
+// Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
+// dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases, none the streaming ones.
 #pragma once
 
 #include "moe/moe_common.cuh"
