@@ -6,6 +6,7 @@
 
 #include "attention/params.h"
 #include "moe/params.h"
+#include "moe/stream_workspace.h"
 #include "support/signatures.hpp"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
@@ -251,6 +252,27 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   const size_t bytes = spec->workspace_bytes(&p, sm90);
   EXPECT_GE(bytes, size_t{8192} * 4 * (2880 + 2880) * 4);
   EXPECT_LT(bytes, size_t{8192} * 4 * (2880 + 2880) * 4 + (1 << 20));
+}
+
+// The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:
+// sm_90a, bf16 weights, H and I in 64-deep slices, at least 16 routed pairs.
+TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
+  const auto spec = Registry::global().find("moe.apply.stream");
+  KilnMoeParams p{};
+  p.num_tokens = 4, p.top_k = 4, p.num_experts = 128, p.hidden = 2880, p.intermediate = 2880;
+  const Platform sm90a = platform_for_target("sm_90a");
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
+  EXPECT_EQ(spec->launch_shape(&p, platform_for_target("sm_90")).dynamic_shared_bytes, 0u);
+  EXPECT_EQ(spec->launch_shape(&p, platform_for_target("sm_100a")).dynamic_shared_bytes, 0u);
+  p.num_tokens = 3;  // 12 pairs
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, 0u);
+  p.num_tokens = 64, p.intermediate = 96;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, 0u);
+  p.intermediate = 2880;
+  const unsigned char scale = 127;
+  p.w13_scale = &scale;  // MXFP4 weights
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, 0u);
+  EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 3 * 1024, sm90a.shared_memory_per_block);
 }
 
 // wgmma exists on sm_90a only: Hopper prefill runs the wgmma kernel, every other NVIDIA arch the

@@ -22,7 +22,7 @@ constexpr int kThreads = 512;     // kMoeStreamWarps x 32
 // Between the two is not measured.
 constexpr long long kGemmMinPairs = 16;
 
-// The grouped GEMMs run on wgmma over 64-deep K slices of 16-byte rows.
+// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
          static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
