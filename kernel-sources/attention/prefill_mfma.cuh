@@ -14,6 +14,7 @@
 #pragma once
 
 #include "attention/params.h"
+#include "attention/prefill_block.cuh"
 #include "attention/mfma_attention.cuh"
 #include "common/mfma.cuh"
 #include "common/prelude.cuh"
@@ -29,24 +30,13 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
   constexpr int kDBlocks = kHeadDim / 32;     // 32-dim row blocks of O^T
   constexpr int kPSteps = kBlock / kMfmaK;    // steps of O^T = V^T P^T per key block
   const int lane = static_cast<int>(threadIdx.x), col = lane & 31, h = lane >> 5;
-  const int q_block = gridDim.x - 1 - blockIdx.x;  // longest first under causal masking
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int q_begin = p.cu_seqlens_q[b], len_q = p.cu_seqlens_q[b + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[b], len_k = p.cu_seqlens_k[b + 1] - k_begin;
-  const int q0 = q_block * kBlock;
-  if (q0 >= len_q) return;
-  const int kv_head = head / (p.num_heads_q / p.num_heads_kv);
-
-  const int shift = len_k - len_q;
-  const bool upper_bound = p.causal || p.window_left >= 0;
-  const int last_row = min(len_q, q0 + kBlock) - 1;
-  const int key_end = upper_bound ? min(len_k, last_row + shift + 1) : len_k;
-  const int key_start = p.window_left >= 0 ? max(0, q0 + shift - p.window_left) : 0;
+  const PrefillQueryBlock blk = prefill_query_block(p, kBlock);
+  if (blk.q0 >= blk.len_q) return;
 
   // Q^T as B operands: lane (col, h) holds query q0 + col, dims ks * kMfmaK + h * kMfmaHalfK + i.
-  const int query = q0 + col;
-  const bool query_valid = query < len_q;
-  const u16* q_row = static_cast<const u16*>(p.q) + (q_begin + (query_valid ? query : 0)) * p.q_row_stride + head * p.q_head_stride;
+  const int query = blk.q0 + col;
+  const bool query_valid = query < blk.len_q;
+  const u16* q_row = static_cast<const u16*>(p.q) + (blk.q_begin + (query_valid ? query : 0)) * p.q_row_stride + blk.head * p.q_head_stride;
   u16 qb[kKSteps][kMfmaHalfK];
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
@@ -54,19 +44,19 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     for (int i = 0; i < kMfmaHalfK; ++i) qb[ks][i] = query_valid ? q_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
   }
 
-  const u16* k_base = static_cast<const u16*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
-  const u16* v_base = static_cast<const u16*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  const u16* k_base = static_cast<const u16*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
+  const u16* v_base = static_cast<const u16*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
   mfma_f32x16 o[kDBlocks];
 #pragma unroll
   for (int d = 0; d < kDBlocks; ++d) o[d] = mfma_f32x16{};
   float m_run = neg_inf(), l_run = 0.0f;  // log2 domain; l_run sums this lane's keys only
   const float log2e = 1.4426950408889634f;
-  const int position = query + shift;
+  const int position = query + blk.shift;
 
-  for (int key0 = (key_start / kBlock) * kBlock; key0 < key_end; key0 += kBlock) {
+  for (int key0 = (blk.key_start / kBlock) * kBlock; key0 < blk.key_end; key0 += kBlock) {
     // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
     const int a_key = key0 + col;
-    const bool a_valid = a_key < len_k;
+    const bool a_valid = a_key < blk.len_k;
     const u16* k_row = k_base + (a_valid ? a_key : 0) * p.k_row_stride;
     const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
@@ -75,7 +65,7 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     for (int r = 0; r < 16; ++r) {
       const int key = key0 + 8 * (r / 4) + 4 * h + r % 4;
       float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
-      if (key >= len_k || (upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
+      if (key >= blk.len_k || (blk.upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
         v = neg_inf();
       }
       x[r] = v;
@@ -96,7 +86,7 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
 #pragma unroll
         for (int i = 0; i < kMfmaHalfK; ++i) {
           const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
-          va[i] = key < len_k ? v_base[key * p.v_row_stride + 32 * d + col] : u16(0);  // P is 0 there; no NaN
+          va[i] = key < blk.len_k ? v_base[key * p.v_row_stride + 32 * d + col] : u16(0);  // P is 0 there; no NaN
         }
         o[d] = mfma_32x32<T>(va, pb, o[d]);
       }
@@ -107,21 +97,21 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
   float l = l_run + other_half(l_run);
   float m_nat = m_run == neg_inf() ? neg_inf() : m_run / log2e, scale_o = 1.0f;
   if (p.sinks != nullptr) {  // the sink joins the denominator and adds no value
-    const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
+    const float sink = p.sinks[blk.head], with_sink = fmaxf(m_nat, sink);
     scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
     l = l * scale_o + __expf(sink - with_sink);
     m_nat = with_sink;
   }
   if (!query_valid) return;
   const float inv = l > 0.0f ? scale_o / l : 0.0f;
-  T* out = static_cast<T*>(p.out) + (q_begin + query) * p.out_row_stride + head * p.out_head_stride;
+  T* out = static_cast<T*>(p.out) + (blk.q_begin + query) * p.out_row_stride + blk.head * p.out_head_stride;
   // O^T register r of block d holds dim 32 d + 8 (r / 4) + 4 h + r % 4.
 #pragma unroll
   for (int d = 0; d < kDBlocks; ++d) {
 #pragma unroll
     for (int r = 0; r < 16; ++r) out[32 * d + 8 * (r / 4) + 4 * h + r % 4] = from_float<T>(o[d][r] * inv);
   }
-  if (p.lse != nullptr && h == 0) p.lse[(q_begin + query) * p.lse_row_stride + head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
+  if (p.lse != nullptr && h == 0) p.lse[(blk.q_begin + query) * p.lse_row_stride + blk.head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
 }
 
 #endif  // KILN_AMD

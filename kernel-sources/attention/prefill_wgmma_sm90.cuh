@@ -14,6 +14,7 @@
 
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
+#include "attention/prefill_block.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 #include "common/wgmma_sm90.cuh"
@@ -43,34 +44,22 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
 
   const int warpgroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int q_begin = p.cu_seqlens_q[b], len_q = p.cu_seqlens_q[b + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[b], len_k = p.cu_seqlens_k[b + 1] - k_begin;
-  const int q0 = q_block * kBlockQ;
-  if (q0 >= len_q) return;
-  const int kv_head = head / (p.num_heads_q / p.num_heads_kv);
-
-  // Keys row i sees: [i + shift - window, i + shift] (bottom-right aligned), within [0, len_k).
-  const int shift = len_k - len_q;
-  const bool upper_bound = p.causal || p.window_left >= 0;
-  const int last_row = min(len_q, q0 + kBlockQ) - 1;
-  const int key_end = upper_bound ? min(len_k, last_row + shift + 1) : len_k;
-  const int key_start = p.window_left >= 0 ? max(0, q0 + shift - p.window_left) : 0;
-  const int block_start = key_start / kBlockK;
-  const int block_end = key_end > key_start ? (key_end + kBlockK - 1) / kBlockK : block_start;
+  const PrefillQueryBlock blk = prefill_query_block(p, kBlockQ);
+  if (blk.q0 >= blk.len_q) return;
+  const int block_start = blk.key_start / kBlockK;
+  const int block_end = blk.key_end > blk.key_start ? (blk.key_end + kBlockK - 1) / kBlockK : block_start;
 
   // Q tile, rows past the sequence zero-filled.
-  const T* q_rows = static_cast<const T*>(p.q) + (q_begin + q0) * p.q_row_stride + head * p.q_head_stride;
+  const T* q_rows = static_cast<const T*>(p.q) + (blk.q_begin + blk.q0) * p.q_row_stride + blk.head * p.q_head_stride;
   for (int i = threadIdx.x; i < kBlockQ * kChunks; i += kWarpgroups * 128) {
     const int row = i / kChunks, chunk = i % kChunks;
-    const bool valid = q0 + row < len_q;
+    const bool valid = blk.q0 + row < blk.len_q;
     copy16_async_or_zero(q_tile + tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
   }
   commit_copies();
 
-  const T* k_rows = static_cast<const T*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
-  const T* v_rows = static_cast<const T*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
+  const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
   // K and V of key block `block` into `stage`; keys past the end zero-filled (P is 0 there, and
   // 0 * garbage could be NaN). A thread always copies chunk `chunk` of rows row0 + j * kRowStep:
   // kRowStep is a multiple of 8, so the swizzled shared offset moves by whole rows.
@@ -87,7 +76,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) {
       const int row = first + j * kRowStep;
-      const bool valid = row0 + row < len_k;
+      const bool valid = row0 + row < blk.len_k;
       const long long at = valid ? row : -row0;  // invalid: row 0 of the sequence, read as zero bytes
       copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + at * p.k_row_stride, valid);
       copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + at * p.v_row_stride, valid);
@@ -103,7 +92,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
 #pragma unroll
   for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const int warp_row0 = q0 + warpgroup * 64 + warp * 16;  // this warp's first row
+  const int warp_row0 = blk.q0 + warpgroup * 64 + warp * 16;  // this warp's first row
   const int row_lo = warp_row0 + g;                         // this thread's rows: row_lo, row_lo + 8
   const unsigned q_address = shared_address(q_tile) + warpgroup * 64 * 128;
 
@@ -145,9 +134,9 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
 
     // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
     const int key0 = block * kBlockK;
-    const bool edge = key0 + kBlockK > len_k || (upper_bound && key0 + kBlockK - 1 > warp_row0 + shift) ||
-                      (p.window_left >= 0 && key0 < warp_row0 + 15 + shift - p.window_left);
-    scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, shift, len_k, key0 + 2 * c);
+    const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_row0 + blk.shift) ||
+                      (p.window_left >= 0 && key0 < warp_row0 + 15 + blk.shift - p.window_left);
+    scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
     online_softmax_step(s, m_row, l_row, o);
     // P's A fragments are S's accumulators.
 #pragma unroll
@@ -172,7 +161,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
   }
   wait_copies<0>();  // no key block: Q's copies still land before the CTA exits
 
-  store_prefill_rows<T>(p, o, m_row, l_row, head, q_begin, len_q, row_lo, c);
+  store_prefill_rows<T>(p, o, m_row, l_row, blk.head, blk.q_begin, blk.len_q, row_lo, c);
 }
 
 }  // namespace kiln

@@ -51,4 +51,16 @@ __device__ __forceinline__ float glu_activation(float gate, float up) {
   return gate / (1.0f + expf(-gate)) * up;
 }
 
+// The expert e with start[e] * scale <= item < start[e + 1] * scale, for a per-expert prefix
+// `start` (item counts scaled by `scale` work items per unit).
+__device__ __forceinline__ int find_expert(const int* start, int experts, int item, int scale) {
+  int lo = 0, hi = experts;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (start[mid] * scale <= item) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 }  // namespace kiln

@@ -35,17 +35,12 @@ struct MoeGemmTile {
 
 // Tile `tile` of the order (expert, column block, pair block) with pair blocks fastest.
 __device__ __forceinline__ MoeGemmTile find_gemm_tile(const int* mtile_start, const int* pair_start, int experts, int n_tiles, int tile) {
-  int lo = 0, hi = experts;  // mtile_start[lo] * n_tiles <= tile < mtile_start[hi] * n_tiles
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (mtile_start[mid] * n_tiles <= tile) lo = mid;
-    else hi = mid;
-  }
-  const int m_tiles = mtile_start[lo + 1] - mtile_start[lo], local = tile - mtile_start[lo] * n_tiles;
+  const int e = find_expert(mtile_start, experts, tile, n_tiles);
+  const int m_tiles = mtile_start[e + 1] - mtile_start[e], local = tile - mtile_start[e] * n_tiles;
   MoeGemmTile t;
-  t.expert = lo;
-  t.first = pair_start[lo] + (local % m_tiles) * kMoeTileM;
-  t.count = min(kMoeTileM, pair_start[lo + 1] - t.first);
+  t.expert = e;
+  t.first = pair_start[e] + (local % m_tiles) * kMoeTileM;
+  t.count = min(kMoeTileM, pair_start[e + 1] - t.first);
   t.n0 = (local / m_tiles) * kMoeTileN;
   return t;
 }

@@ -44,6 +44,21 @@ __device__ __forceinline__ Words4 load_readonly16(const void* p) {
 __device__ __forceinline__ void load_workspace4(const float* p, float* v) {
   asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
 }
+// Workspace values written by other CTAs before the last barrier, read from L2 (not L1, which may
+// hold an older copy of the line): weak loads, ordered by the barrier.
+__device__ __forceinline__ int load_l2(const int* p) {
+  int v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float load_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void load_l2_4(const float* p, float* v) {
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
+}
 __device__ __forceinline__ int atomic_add_global(int* p, int v) {
   int old;
   asm volatile("atom.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -167,16 +182,10 @@ struct MoeChunk {
   int expert, first, count;
 };
 __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int* pair_start, int experts, int chunk) {
-  int lo = 0, hi = experts;  // chunk_start[lo] <= chunk < chunk_start[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (chunk_start[mid] <= chunk) lo = mid;
-    else hi = mid;
-  }
   MoeChunk c;
-  c.expert = lo;
-  c.first = pair_start[lo] + (chunk - chunk_start[lo]) * kMoeStreamChunk;
-  c.count = min(kMoeStreamChunk, pair_start[lo + 1] - c.first);
+  c.expert = find_expert(chunk_start, experts, chunk, 1);
+  c.first = pair_start[c.expert] + (chunk - chunk_start[c.expert]) * kMoeStreamChunk;
+  c.count = min(kMoeStreamChunk, pair_start[c.expert + 1] - c.first);
   return c;
 }
 
@@ -515,18 +524,30 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   }
   grid_barrier(&barriers[3]);
 
-  // combine, in slot order.
-  const long long outputs = static_cast<long long>(p.num_tokens) * p.hidden;
-  for (long long i = thread; i < outputs; i += threads) {
-    const int t = static_cast<int>(i / p.hidden), h = static_cast<int>(i % p.hidden);
-    float sum = 0.0f;
+  // combine, in slot order. Each thread owns 4 consecutive hidden units of a token (one when H is
+  // not a multiple of 4). ids, weights and y were written by other CTAs before the last barrier:
+  // they are read through L2 (ld.global.cg), which this SM's L1 cannot hold stale.
+  const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;
+  const long long items = static_cast<long long>(p.num_tokens) * per_token;
+  for (long long i = thread; i < items; i += threads) {
+    const int t = static_cast<int>(i / per_token), h = static_cast<int>(i % per_token) * width;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < k; ++j) {
       const int q = t * k + j;
-      if (*reinterpret_cast<volatile int*>(&ids[q]) >= 0) {
-        sum += *reinterpret_cast<volatile float*>(&weights[q]) * *reinterpret_cast<volatile float*>(&y[static_cast<long long>(q) * p.hidden + h]);
+      if (load_l2(&ids[q]) < 0) continue;
+      const float w = load_l2(&weights[q]);
+      const float* row = &y[static_cast<long long>(q) * p.hidden + h];
+      if (width == 4) {
+        float v[4];
+        load_l2_4(row, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e] += w * v[e];
+      } else {
+        sum[0] += w * load_l2(row);
       }
     }
-    static_cast<bf16*>(p.out)[t * p.out_row_stride + h] = from_float<bf16>(sum);
+    bf16* out = static_cast<bf16*>(p.out) + t * p.out_row_stride + h;
+    for (int e = 0; e < width; ++e) out[e] = from_float<bf16>(sum[e]);
   }
 }
 
