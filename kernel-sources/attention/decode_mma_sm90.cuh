@@ -113,8 +113,8 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   }
 
   // Tiles start at multiples of 16 tokens (the masks drop what lies before `first`), so with
-  // page sizes that are powers of two from 16 up a tile never straddles a page: one page-table
-  // read per tile, loaded an iteration before its copies are issued.
+  // page sizes that are powers of two from 16 up a tile never straddles a page: one page index
+  // per tile.
   const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
   const int first = max(0, len - kQLen - window) & ~(kTile - 1);
   const int total = max(0, len - first);
@@ -129,7 +129,6 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
 
   const int* pages = p.page_table + b * p.page_table_stride;
   const int page_shift = __ffs(p.page_size) - 1;
-  auto page_of = [&](int tile) -> long long { return tile < t1 ? pages[tile >> page_shift] : 0; };
 
   constexpr int stages = kDecodeStages;
   unsigned char* const ring = shared_bytes + warp * Layout::kWarpBytes;
@@ -160,12 +159,33 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   // on an H200: 0.35-0.51 ms against 0.27-0.32 ms at B8 ctx32768.)
   const int stride = warps * kTile;  // a warp's consecutive tiles are this far apart
   const int first_tile = t0 + warp * kTile;
+  // The page of `tile`, the warp's tile number `it` (it counts up by one per call, from 0), read an
+  // iteration before its copies are issued. With kPageChunks the page indices come 32 tiles per register
+  // (lane l of chunk c holds the page of the warp's tile 32 c + l), the next chunk loaded 32 tiles
+  // ahead: one page-table read per tile was 23% of the stall samples of B1 (ncu, H100), and the
+  // chunks made B8 ctx32768 page 16 2.5% faster and the e4m3 cache up to 8% (bench/RESULTS.md).
+  // With a 16-bit cache at head_dim 64 (168 registers, the cap) they made B1 3-6% slower: there
+  // each tile's index is read from the table.
+  constexpr bool kPageChunks = Layout::kFp8 || kHeadDim == 128;
+  auto load_page_chunk = [&](int chunk) -> int {
+    const int tile = first_tile + (32 * chunk + lane) * stride;
+    return kPageChunks && tile < t1 ? pages[tile >> page_shift] : 0;
+  };
+  int page_chunk = load_page_chunk(0), next_page_chunk = load_page_chunk(1);
+  auto page_of = [&](int it, int tile) -> long long {
+    if (!kPageChunks) return tile < t1 ? pages[tile >> page_shift] : 0;
+    if (it > 0 && (it & 31) == 0) {
+      page_chunk = next_page_chunk;
+      next_page_chunk = load_page_chunk((it >> 5) + 1);
+    }
+    return __shfl_sync(0xffffffffu, page_chunk, it & 31);
+  };
 #pragma unroll
-  for (int s = 0; s < stages - 1; ++s) issue(first_tile + s * stride, s, page_of(first_tile + s * stride));
-  long long next_page = page_of(first_tile + (stages - 1) * stride);
+  for (int s = 0; s < stages - 1; ++s) issue(first_tile + s * stride, s, page_of(s, first_tile + s * stride));
+  long long next_page = page_of(stages - 1, first_tile + (stages - 1) * stride);
   int read_stage = 0, write_stage = stages - 1;
-  for (int base = first_tile; base < t1; base += stride) {
-    const long long page_after_next = page_of(base + stages * stride);  // in flight during this tile
+  for (int base = first_tile, it = 0; base < t1; base += stride, ++it) {
+    const long long page_after_next = page_of(it + stages, base + stages * stride);  // in flight during this tile
     issue(base + (stages - 1) * stride, write_stage, next_page);  // into the stage read last iteration
     next_page = page_after_next;
     wait_copies<stages - 1>();  // this tile's group is complete
