@@ -97,8 +97,10 @@ struct MhaDecodeArgs {
 //   freed on it after the launch (755 MB for GPT-OSS-120B at T = 8192). Device-resident topk_ids
 //   outside [0, E) contribute nothing (host-resident ones are checked).
 //   Numerics: on Hopper (sm_90a), with bf16 weights, H and I multiples of 64 and at least 16
-//   routed (token, slot) pairs, the projections run as grouped GEMMs on tensor cores and the
-//   activated intermediate is rounded to bf16 between them; elsewhere it stays f32.
+//   routed (token, slot) pairs, the projections run as grouped GEMMs on tensor cores; the
+//   activated intermediate is rounded to bf16 between them and each expert's output (bias
+//   included) to bf16 before the weighted sum, as a pipeline of bf16 grouped GEMMs does.
+//   Elsewhere both stay f32.
 enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
 enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
 enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };

@@ -9,7 +9,7 @@
 //   up    act[pair][u] = activation(gate, up) + biases, bf16, for intermediate units u. Tile
 //         column q holds gate (q even) and up (q odd) of unit (n0 + q) / 2 in both layouts: for
 //         concatenated weights the B tile's rows are interleaved as they are loaded.
-//   down  y[pair][h] = act[pair] . W2[e][h] + bias, f32.
+//   down  y[pair][h] = act[pair] . W2[e][h] + bias, rounded to bf16.
 #pragma once
 
 #include "common/mma_sm80.cuh"
@@ -46,10 +46,10 @@ __device__ __forceinline__ MoeGemmTile find_gemm_tile(const int* mtile_start, co
 }
 
 // One projection over all tiles. kUp: A = x rows of the pairs' tokens (K = H), B = W13 rows, out
-// act (bf16); else A = act rows (K = I), B = W2 rows, out y (f32). `act` is bf16 here.
+// act (bf16); else A = act rows (K = I), B = W2 rows, out y (bf16). `act` and `y` are bf16 here.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, const int* mtile_start, const int* pair_start,
-                               const int* pairs, bf16* act, float* y) {
+                               const int* pairs, bf16* act, bf16* y) {
   const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int inter = p.intermediate, hidden = p.hidden, experts = p.num_experts;
   const int k_total = kUp ? hidden : inter, n_total = kUp ? 2 * inter : hidden;
@@ -138,9 +138,9 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, co
               glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + gate_row), v1 + moe_bias<kBias13>(p.w13_bias, bias + up_row)));
         } else {
           const long long bias = t.expert * p.w2_bias_expert_stride + n;
-          float* out = y + static_cast<long long>(pair) * hidden + n;
-          out[0] = v0 + moe_bias<kBias2>(p.w2_bias, bias);
-          out[1] = v1 + moe_bias<kBias2>(p.w2_bias, bias + 1);
+          // n is even and H a multiple of 64: one aligned bf16 pair.
+          *reinterpret_cast<u32*>(y + static_cast<long long>(pair) * hidden + n) =
+              pack2<bf16>(v0 + moe_bias<kBias2>(p.w2_bias, bias), v1 + moe_bias<kBias2>(p.w2_bias, bias + 1));
         }
       }
     }

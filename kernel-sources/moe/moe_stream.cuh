@@ -84,6 +84,13 @@ __device__ __forceinline__ void bf16x2_to_float(u32 w, float& lo, float& hi) {
   lo = __uint_as_float(w << 16);
   hi = __uint_as_float(w & 0xffff0000u);
 }
+// 4 bf16 of the workspace (see load_l2) to floats.
+__device__ __forceinline__ void load_l2_bf16x4(const bf16* p, float* v) {
+  unsigned w[2];
+  asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p) : "memory");
+  bf16x2_to_float(w[0], v[0], v[1]);
+  bf16x2_to_float(w[1], v[2], v[3]);
+}
 __device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
   u32 r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
@@ -472,9 +479,10 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     extern __shared__ unsigned char moe_dynamic[];
     unsigned char* stages = moe_dynamic + ((1024 - (shared_address(moe_dynamic) & 1023)) & 1023);
     bf16* act16 = reinterpret_cast<bf16*>(act);
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y);
+    bf16* y16 = reinterpret_cast<bf16*>(y);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16);
     grid_barrier(&barriers[2]);
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16);
   }
 #endif
   if (!tensor_cores) {
@@ -526,7 +534,8 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
 
   // combine, in slot order. Each thread owns 4 consecutive hidden units of a token (one when H is
   // not a multiple of 4). ids, weights and y were written by other CTAs before the last barrier:
-  // they are read through L2 (ld.global.cg), which this SM's L1 cannot hold stale.
+  // they are read through L2 (ld.global.cg), which this SM's L1 cannot hold stale. y is bf16 when
+  // the grouped GEMMs wrote it (H is then a multiple of 64), else f32.
   const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;
   const long long items = static_cast<long long>(p.num_tokens) * per_token;
   for (long long i = thread; i < items; i += threads) {
@@ -537,7 +546,12 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       if (load_l2(&ids[q]) < 0) continue;
       const float w = load_l2(&weights[q]);
       const float* row = &y[static_cast<long long>(q) * p.hidden + h];
-      if (width == 4) {
+      if (tensor_cores) {
+        float v[4];
+        load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + static_cast<long long>(q) * p.hidden + h, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e] += w * v[e];
+      } else if (width == 4) {
         float v[4];
         load_l2_4(row, v);
 #pragma unroll

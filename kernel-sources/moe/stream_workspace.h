@@ -9,7 +9,8 @@
 //   pairs     [T * k] int, (token * k + slot) grouped by expert
 //   act       [T * k, I] float, the activated intermediate vector of each (token, slot) (bf16,
 //             in the first half of the region, on the grouped-GEMM path)
-//   y         [T * k, H] float, the expert's output of each (token, slot), bias included
+//   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
+//             in the first half of the region, on the grouped-GEMM path)
 #pragma once
 
 #if defined(KILN_NVRTC) || defined(KILN_HIPRTC) || defined(KILN_HIP_CLANG)
@@ -20,7 +21,7 @@
 
 // The grouped-GEMM phases (moe/moe_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
 // dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
-// bf16, plus 1 KB to align the swizzle atoms). They write act as bf16 into the act region.
+// bf16, plus 1 KB to align the swizzle atoms). They write act and y as bf16 into their regions.
 #define KILN_MOE_GEMM_ROWS 128
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 
