@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       const int chunk = static_cast<int>(item / p.intermediate), r = static_cast<int>(item % p.intermediate);
       const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
       int pair[kMoeStreamChunk], token[kMoeStreamChunk];
-  #pragma unroll
+#pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) {
         pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
         token[m] = pair[m] / k;
@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
       const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
       float gate[kMoeStreamChunk], up[kMoeStreamChunk];
-  #pragma unroll
+#pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) gate[m] = up[m] = 0.0f;
       up_dots<kFormat>(p, c.expert, gate_row, up_row, token, c.count, lane, gate, up);
       const float g = reduce_to_lane(gate, c.count, lane), u = reduce_to_lane(up, c.count, lane);
@@ -518,10 +518,10 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       const int chunk = static_cast<int>(item / p.hidden), h = static_cast<int>(item % p.hidden);
       const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
       int pair[kMoeStreamChunk];
-  #pragma unroll
+#pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
       float acc[kMoeStreamChunk];
-  #pragma unroll
+#pragma unroll
       for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] = 0.0f;
       down_dots<kFormat>(p, c.expert, h, act, pair, c.count, lane, acc);
       const float s = reduce_to_lane(acc, c.count, lane);
