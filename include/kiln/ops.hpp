@@ -96,11 +96,13 @@ struct MhaDecodeArgs {
 //   little of device scratch, allocated on `stream` from the device's default memory pool and
 //   freed on it after the launch (755 MB for GPT-OSS-120B at T = 8192). Device-resident topk_ids
 //   outside [0, E) contribute nothing (host-resident ones are checked).
-//   Numerics: on Hopper (sm_90a), with bf16 weights, H and I multiples of 64 and at least 16
-//   routed (token, slot) pairs, the projections run as grouped GEMMs on tensor cores; the
-//   activated intermediate is rounded to bf16 between them and each expert's output (bias
-//   included) to bf16 before the weighted sum, as a pipeline of bf16 grouped GEMMs does.
-//   Elsewhere both stay f32.
+//   Numerics (moe.apply.stream): the projections run on tensor cores with f32 accumulation, and
+//   the activated intermediate is rounded to bf16 between them. On Hopper (sm_90a), with bf16
+//   weights, H and I multiples of 64 and at least 16 routed (token, slot) pairs, they are grouped
+//   GEMMs that also round each expert's output (bias included) to bf16 before the weighted sum,
+//   as a pipeline of bf16 grouped GEMMs does; elsewhere that output stays f32. MXFP4 values are
+//   multiplied by their scale in bf16: exact, except that products beyond bf16's range (scales of
+//   2^126 and above) become infinite.
 enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
 enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
 enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };

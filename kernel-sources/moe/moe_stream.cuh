@@ -4,21 +4,22 @@
 //   route    a warp per token: top-k by warp arg-max (ties go to the lower expert, as in the
 //            reference), the weights, and a count per expert;
 //   group    every (token, slot) pair listed under its expert;
-//   up       item (expert, chunk of up to 4 of its pairs, intermediate unit r): a warp reads the
-//            gate and up rows of r once, dots them with the chunk's tokens and applies the
-//            activation: act;
-//   down     item (expert, chunk, hidden row h): a warp reads row h of W2 once and dots it with
-//            the chunk's act rows: y, bias included;
+//   up       tile (expert, chunk of up to 8 of its pairs, 8 intermediate units): the gate and up
+//            rows of the units against the chunk's tokens on mma.sync, then the activation: act;
+//   down     tile (expert, chunk, 16 hidden rows of W2) against the chunk's act rows: y, bias
+//            included;
 //   combine  out[t] = sum over slots j of weight[t][j] * y[t, j], in slot order (deterministic).
-// An expert's weights are read once per chunk of 4 tokens routed to it: exactly once at decode
+// An expert's weights are read once per chunk of 8 tokens routed to it: exactly once at decode
 // sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
 // down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
-// Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale.
+// Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale. act
+// is stored as bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases, none the streaming ones.
 #pragma once
 
+#include "common/mma_sm80.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/stream_workspace.h"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
@@ -27,7 +28,7 @@
 
 namespace kiln {
 
-enum { kMoeStreamWarps = 16, kMoeStreamChunk = 4, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
+enum { kMoeStreamWarps = 16, kMoeStreamChunk = 8, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
 struct Words4 {
   u32 w[4];
@@ -39,10 +40,6 @@ __device__ __forceinline__ Words4 load_readonly16(const void* p) {
   Words4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
-}
-// 4 floats of the workspace, written by other CTAs before the last barrier: a coherent load.
-__device__ __forceinline__ void load_workspace4(const float* p, float* v) {
-  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
 }
 // Workspace values written by other CTAs before the last barrier, read from L2 (not L1, which may
 // hold an older copy of the line): weak loads, ordered by the barrier.
@@ -96,25 +93,6 @@ __device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
   return r;
 }
-// Eight e2m1 values (a word, low nibble first) to floats, exactly, on the integer pipe: every e2m1
-// value is a bf16 whose two bytes a byte permute looks up by the 3-bit magnitude (four at a time),
-// then the sign bit is moved into place. (f16 conversions measured 0.108 ms for the GPT-OSS layer
-// at T=1: the conversion pipe, not memory, was the limit.)
-__device__ __forceinline__ void e2m1x8_to_float(u32 w, float (&v)[8]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const u32 nibbles = half ? w >> 16 : w;
-    const u32 magnitudes = nibbles & 0x77777777u;
-    // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40
-    const u32 low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
-    const u32 high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
-    const u32 pair01 = byte_permute(low, high, 0x5140u) | ((nibbles << 12) & 0x8000u) | ((nibbles << 24) & 0x80000000u);
-    const u32 pair23 = byte_permute(low, high, 0x7362u) | ((nibbles << 4) & 0x8000u) | ((nibbles << 16) & 0x80000000u);
-    bf16x2_to_float(pair01, v[4 * half], v[4 * half + 1]);
-    bf16x2_to_float(pair23, v[4 * half + 2], v[4 * half + 3]);
-  }
-}
-
 // One routed token, by one warp: lane j < top_k ends with slot j's expert (-1 when a precomputed
 // id is outside [0, E)) and weight, written to the workspace, and the expert's count raised.
 template <int kRouting, bool kLogitsBf16>
@@ -196,199 +174,276 @@ __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int
   return c;
 }
 
-// pair[lane] without indexing a register array by a run-time value (which would put it on the stack).
-__device__ __forceinline__ int select_lane(const int (&pair)[kMoeStreamChunk], int lane) {
-  int mine = 0;
-#pragma unroll
-  for (int m = 0; m < kMoeStreamChunk; ++m) mine = lane == m ? pair[m] : mine;
-  return mine;
-}
+// ---- up and down on mma.sync: every format and GPU, except bf16 from 16 routed pairs on sm_90a ----
+// A tile is 16 weight rows of one expert against a chunk of up to 8 of its routed pairs: the
+// m16n8k16 MMA's M and N. up: rows g and g + 8 of the tile are the gate and up rows of intermediate
+// unit 8 j + g, so a lane's accumulators hold both halves of its units' activations; down: 16
+// consecutive hidden rows. A group of G warps shares a tile and splits its K: each lane loads 16
+// bytes of a weight row at a time (a "piece": 8 bf16, or 32 e2m1 values and their one scale), lane
+// (g, t) pieces 4 (w + G s) + t of rows g and g + 8 in step s of warp w. An MMA sums over whatever
+// k its four lanes t hold, so the pieces need not be adjacent in K: a lane's 8 A values of MMA i
+// are values 4 i .. 4 i + 3 of its two pieces, and its B values the same k of token column g.
+// MXFP4 values are decoded to bf16 and multiplied by their scale in bf16, which is exact (e2m1
+// times a power of two) unless the product overflows bf16 (scales of 2^126 and above).
+enum { kMoeTileRows = 16, kMoeMaxGroupWarps = 16 };
 
-// Sums each of the chunk's accumulators over the warp; lane m (< count) gets sum m.
-__device__ __forceinline__ float reduce_to_lane(float (&acc)[kMoeStreamChunk], int count, int lane) {
-  float mine = 0.0f;
-#pragma unroll
-  for (int m = 0; m < kMoeStreamChunk; ++m) {
-    if (m < count) {
-      const float s = warp_sum(acc[m]);
-      if (lane == m) mine = s;
-    }
-  }
-  return mine;
-}
-
-// Gate and up dot products of one intermediate unit for the chunk's tokens (lane-partial sums).
+// A lane's operands of one step: 16 bytes of weight rows g and g + 8, their scales as bf16 pairs
+// (MXFP4), and the matching activations of token column g.
 template <int kFormat>
-__device__ __forceinline__ void up_dots(const KilnMoeParams& p, int expert, int gate_row, int up_row, const int (&token)[kMoeStreamChunk],
-                                        int count, int lane, float (&gate)[kMoeStreamChunk], float (&up)[kMoeStreamChunk]) {
-  const bf16* x = static_cast<const bf16*>(p.x);
-  if (kFormat == kWeightsBf16) {
-    const bf16* g_row = static_cast<const bf16*>(p.w13) + expert * p.w13_expert_stride + gate_row * p.w13_row_stride;
-    const bf16* u_row = static_cast<const bf16*>(p.w13) + expert * p.w13_expert_stride + up_row * p.w13_row_stride;
-    const int chunks = p.hidden / 8;
-    constexpr int kBatch = 4;  // 16-byte chunks per lane in flight for each row
-    for (int c0 = lane; c0 < chunks; c0 += kWarp * kBatch) {
-      Words4 gw[kBatch], uw[kBatch];
+struct MoeStepOperands {
+  enum { kPieceValues = kFormat == kWeightsMxfp4 ? 32 : 8 };
+  Words4 lo, hi;
+  u32 scale_lo, scale_hi;
+  u32 b[kPieceValues / 2];
+};
+
+// Where one lane reads a tile's operands, and where its results go.
+struct MoeMmaTile {
+  const u8* row_lo;  // weight row g (bytes), null past the matrix
+  const u8* row_hi;  // weight row g + 8
+  const u8* scale_lo;
+  const u8* scale_hi;
+  const bf16* b_row;  // activations of token column g (column 0's when g >= count)
+  int out_pair[2];    // pairs of result columns 2t and 2t + 1, -1 past the chunk
+  int expert, row_block;
+};
+
+__device__ __forceinline__ Words4 load_readonly16_or_zero(const void* p, bool valid) {
+  Words4 v;
+  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p), "r"(static_cast<int>(valid)));
+  return v;
+}
+// 16 bytes of the workspace written by other CTAs before the last barrier (see load_l2).
+__device__ __forceinline__ Words4 load_l2_16(const void* p) {
+  Words4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p) : "memory");
+  return v;
+}
+
+// An e8m0 scale as a pair of bf16, both 2^(bits - 127): exactly representable (2^-127 as a bf16
+// subnormal), 0xFF NaN.
+__device__ __forceinline__ u32 e8m0_to_bf16x2(u32 bits) {
+  const u32 h = bits == 0xFFu ? 0x7FC0u : bits == 0u ? 0x0040u : bits << 7;
+  return h | (h << 16);
+}
+// a * b for packed bf16 pairs (an fma with -0, which keeps the sign of zero products; sm_80+).
+__device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
+  u32 r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
+
+template <int kFormat, bool kUp>
+__device__ __forceinline__ MoeStepOperands<kFormat> load_step(const MoeMmaTile& tile, int piece, int pieces) {
+  using Ops = MoeStepOperands<kFormat>;
+  Ops o;
+  const bool valid = piece < pieces;
+  o.lo = load_readonly16_or_zero(tile.row_lo + 16 * piece, valid && tile.row_lo != nullptr);
+  o.hi = load_readonly16_or_zero(tile.row_hi + 16 * piece, valid && tile.row_hi != nullptr);
+  o.scale_lo = o.scale_hi = 0u;
+  if (kFormat == kWeightsMxfp4 && valid) {
+    if (tile.row_lo != nullptr) o.scale_lo = e8m0_to_bf16x2(tile.scale_lo[piece]);
+    if (tile.row_hi != nullptr) o.scale_hi = e8m0_to_bf16x2(tile.scale_hi[piece]);
+  }
+  // B of a piece past K pairs with zero A: read the last piece again, which is in bounds.
+  const bf16* b = tile.b_row + Ops::kPieceValues * min(piece, pieces - 1);
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int c = c0 + kWarp * b;
-        if (c < chunks) {
-          gw[b] = load_readonly16(g_row + 8 * c);
-          uw[b] = load_readonly16(u_row + 8 * c);
-        }
-      }
+  for (int q = 0; q < Ops::kPieceValues / 8; ++q) {
+    const Words4 v = kUp ? load_readonly16(b + 8 * q) : load_l2_16(b + 8 * q);
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int c = c0 + kWarp * b;
-        if (c >= chunks) break;
-        float gf[8], uf[8];
+    for (int i = 0; i < 4; ++i) o.b[4 * q + i] = v.w[i];
+  }
+  return o;
+}
+
+// Eight e2m1 values (a word, low nibble first) to four bf16 pairs in order, exactly, on the integer
+// pipe: every e2m1 value is a bf16 whose two bytes a byte permute looks up by the 3-bit magnitude
+// (four at a time), then the sign bit is moved into place.
+__device__ __forceinline__ void e2m1x8_to_bf16x2(u32 w, u32 (&pairs)[4]) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          bf16x2_to_float(gw[b].w[i], gf[2 * i], gf[2 * i + 1]);
-          bf16x2_to_float(uw[b].w[i], uf[2 * i], uf[2 * i + 1]);
-        }
-#pragma unroll
-        for (int m = 0; m < kMoeStreamChunk; ++m) {
-          if (m < count) {
-            const Words4 xw = load_readonly16(x + token[m] * p.x_row_stride + 8 * c);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              float x0, x1;
-              bf16x2_to_float(xw.w[i], x0, x1);
-              gate[m] += gf[2 * i] * x0 + gf[2 * i + 1] * x1;
-              up[m] += uf[2 * i] * x0 + uf[2 * i + 1] * x1;
-            }
-          }
-        }
-      }
-    }
-  } else {
-    const u8* g_row = static_cast<const u8*>(p.w13) + expert * p.w13_expert_stride + gate_row * p.w13_row_stride;
-    const u8* u_row = static_cast<const u8*>(p.w13) + expert * p.w13_expert_stride + up_row * p.w13_row_stride;
-    const u8* g_scales = p.w13_scale + expert * p.w13_scale_expert_stride + gate_row * p.w13_scale_row_stride;
-    const u8* u_scales = p.w13_scale + expert * p.w13_scale_expert_stride + up_row * p.w13_scale_row_stride;
-    const int blocks = p.hidden / 32;  // 16 bytes and one scale each
-    // Software-pipelined: the next block's words and scales load while this one computes.
-    Words4 g_next = {{0u, 0u, 0u, 0u}}, u_next = {{0u, 0u, 0u, 0u}};
-    u8 gs_next = 0, us_next = 0;
-    if (lane < blocks) {
-      g_next = load_readonly16(g_row + 16 * lane);
-      u_next = load_readonly16(u_row + 16 * lane);
-      gs_next = g_scales[lane];
-      us_next = u_scales[lane];
-    }
-    for (int c = lane; c < blocks; c += kWarp) {
-      const Words4 gw = g_next, uw = u_next;
-      const float g_scale = e8m0_to_float(gs_next), u_scale = e8m0_to_float(us_next);
-      if (c + kWarp < blocks) {
-        g_next = load_readonly16(g_row + 16 * (c + kWarp));
-        u_next = load_readonly16(u_row + 16 * (c + kWarp));
-        gs_next = g_scales[c + kWarp];
-        us_next = u_scales[c + kWarp];
-      }
-      float g_part[kMoeStreamChunk], u_part[kMoeStreamChunk];
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) g_part[m] = u_part[m] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // 8 values per word
-        float gf[8], uf[8];
-        e2m1x8_to_float(gw.w[i], gf);
-        e2m1x8_to_float(uw.w[i], uf);
-#pragma unroll
-        for (int m = 0; m < kMoeStreamChunk; ++m) {
-          if (m < count) {
-            const Words4 xw = load_readonly16(x + token[m] * p.x_row_stride + 32 * c + 8 * i);
-#pragma unroll
-            for (int v = 0; v < 4; ++v) {
-              float x0, x1;
-              bf16x2_to_float(xw.w[v], x0, x1);
-              g_part[m] += gf[2 * v] * x0 + gf[2 * v + 1] * x1;
-              u_part[m] += uf[2 * v] * x0 + uf[2 * v + 1] * x1;
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) {
-        gate[m] += g_part[m] * g_scale;
-        up[m] += u_part[m] * u_scale;
-      }
-    }
+  for (int half = 0; half < 2; ++half) {
+    const u32 nibbles = half ? w >> 16 : w;
+    const u32 magnitudes = nibbles & 0x77777777u;
+    // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40
+    const u32 low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
+    const u32 high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
+    pairs[2 * half] = byte_permute(low, high, 0x5140u) | ((nibbles << 12) & 0x8000u) | ((nibbles << 24) & 0x80000000u);
+    pairs[2 * half + 1] = byte_permute(low, high, 0x7362u) | ((nibbles << 4) & 0x8000u) | ((nibbles << 16) & 0x80000000u);
   }
 }
 
-// W2 row h of one expert dotted with the chunk's act rows (lane-partial sums).
 template <int kFormat>
-__device__ __forceinline__ void down_dots(const KilnMoeParams& p, int expert, int h, const float* act, const int (&pair)[kMoeStreamChunk],
-                                          int count, int lane, float (&acc)[kMoeStreamChunk]) {
-  const long long inter = p.intermediate;
+__device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepOperands<kFormat>& o) {
   if (kFormat == kWeightsBf16) {
-    const bf16* row = static_cast<const bf16*>(p.w2) + expert * p.w2_expert_stride + h * p.w2_row_stride;
-    const int chunks = p.intermediate / 8;
-    constexpr int kBatch = 4;
-    for (int c0 = lane; c0 < chunks; c0 += kWarp * kBatch) {
-      Words4 ww[kBatch];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        if (c0 + kWarp * b < chunks) ww[b] = load_readonly16(row + 8 * (c0 + kWarp * b));
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int c = c0 + kWarp * b;
-        if (c >= chunks) break;
-        float wf[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) bf16x2_to_float(ww[b].w[i], wf[2 * i], wf[2 * i + 1]);
-#pragma unroll
-        for (int m = 0; m < kMoeStreamChunk; ++m) {
-          if (m < count) {
-            float a[8];
-            load_workspace4(act + pair[m] * inter + 8 * c, a);
-            load_workspace4(act + pair[m] * inter + 8 * c + 4, a + 4);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[m] += wf[i] * a[i];
-          }
-        }
-      }
+    for (int i = 0; i < 2; ++i) {
+      const unsigned a[4] = {o.lo.w[2 * i], o.hi.w[2 * i], o.lo.w[2 * i + 1], o.hi.w[2 * i + 1]};
+      mma_16816<bf16>(acc, a, o.b[2 * i], o.b[2 * i + 1]);
     }
   } else {
-    const u8* row = static_cast<const u8*>(p.w2) + expert * p.w2_expert_stride + h * p.w2_row_stride;
-    const u8* scales = p.w2_scale + expert * p.w2_scale_expert_stride + h * p.w2_scale_row_stride;
-    const int blocks = p.intermediate / 32;
-    Words4 next = {{0u, 0u, 0u, 0u}};  // software-pipelined as in up_dots
-    u8 scale_next = 0;
-    if (lane < blocks) {
-      next = load_readonly16(row + 16 * lane);
-      scale_next = scales[lane];
-    }
-    for (int c = lane; c < blocks; c += kWarp) {
-      const Words4 ww = next;
-      const float scale = e8m0_to_float(scale_next);
-      if (c + kWarp < blocks) {
-        next = load_readonly16(row + 16 * (c + kWarp));
-        scale_next = scales[c + kWarp];
-      }
-      float part[kMoeStreamChunk];
 #pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) part[m] = 0.0f;
+    for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7, MMAs 2 j and 2 j + 1
+      u32 lo[4], hi[4];
+      e2m1x8_to_bf16x2(o.lo.w[j], lo);
+      e2m1x8_to_bf16x2(o.hi.w[j], hi);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float wf[8];
-        e2m1x8_to_float(ww.w[i], wf);
+        lo[i] = bf16x2_mul(lo[i], o.scale_lo);
+        hi[i] = bf16x2_mul(hi[i], o.scale_hi);
+      }
 #pragma unroll
-        for (int m = 0; m < kMoeStreamChunk; ++m) {
-          if (m < count) {
-            float a[8];
-            load_workspace4(act + pair[m] * inter + 32 * c + 8 * i, a);
-            load_workspace4(act + pair[m] * inter + 32 * c + 8 * i + 4, a + 4);
+      for (int i = 0; i < 2; ++i) {
+        const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
+        mma_16816<bf16>(acc, a, o.b[4 * j + 2 * i], o.b[4 * j + 2 * i + 1]);
+      }
+    }
+  }
+}
+
+// The group size G (warps per tile) for `tiles` tiles of `pieces` pieces of K: the fewest steps
+// on the busiest warp, counting both rounds of tiles and steps per tile.
+__device__ __forceinline__ int moe_group_warps(long long tiles, int pieces) {
+  int best = 1;
+  long long best_steps = 0;
+  for (int g = 1; g <= kMoeMaxGroupWarps; g *= 2) {
+    const long long groups = static_cast<long long>(gridDim.x) * (kMoeStreamWarps / g);
+    const long long steps = (tiles + groups - 1) / groups * ((pieces + 4 * g - 1) / (4 * g));
+    if (g == 1 || steps < best_steps) {
+      best = g;
+      best_steps = steps;
+    }
+  }
+  return best;
+}
+
+// up (kUp) or down for every routed pair of the chunked list, as described above; `partials` is
+// shared memory for two rounds of every warp's accumulators. act is bf16 (one row of I per pair),
+// y f32 (one row of H per pair).
+template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
+__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, bf16* act,
+                              float* y, float (*partials)[kMoeStreamWarps][kWarp][4]) {
+  using Ops = MoeStepOperands<kFormat>;
+  const int experts = p.num_experts, k = p.top_k;
+  const int rows_k = kUp ? p.hidden : p.intermediate;  // K
+  const int pieces = rows_k / Ops::kPieceValues;
+  const int row_blocks = kUp ? p.intermediate / 8 : (p.hidden + kMoeTileRows - 1) / kMoeTileRows;
+  const long long tiles = static_cast<long long>(chunk_start[experts]) * row_blocks;
+  const int group_warps = moe_group_warps(tiles, pieces);
+  const int warp_in_cta = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int group_in_cta = warp_in_cta / group_warps, warp_in_group = warp_in_cta % group_warps;
+  const long long groups = static_cast<long long>(gridDim.x) * (kMoeStreamWarps / group_warps);
+  const int steps = (pieces + 4 * group_warps - 1) / (4 * group_warps);
+  const long long expert_stride = kUp ? p.w13_expert_stride : p.w2_expert_stride;
+  const long long row_stride = kUp ? p.w13_row_stride : p.w2_row_stride;
+  const long long row_bytes = kFormat == kWeightsMxfp4 ? 1 : 2;  // bytes per stored element
+  const u8* weights = static_cast<const u8*>(kUp ? p.w13 : p.w2);
+  const u8* scales = kUp ? p.w13_scale : p.w2_scale;
+  const long long scale_expert_stride = kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride;
+  const long long scale_row_stride = kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride;
+
+  // This lane's view of tile `tile` (the pair list was written by other CTAs: read through L2).
+  auto make_tile = [&](long long tile) {
+    MoeMmaTile v;
+    v.row_lo = v.row_hi = v.scale_lo = v.scale_hi = nullptr;
+    v.b_row = kUp ? static_cast<const bf16*>(p.x) : act;
+    v.out_pair[0] = v.out_pair[1] = -1;
+    v.expert = v.row_block = 0;
+    if (tile >= tiles) return v;
+    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, static_cast<int>(tile / row_blocks));
+    v.expert = c.expert;
+    v.row_block = static_cast<int>(tile % row_blocks);
+    int rows[2];
+    if (kUp) {
+      const int unit = 8 * v.row_block + g;
+      rows[0] = kLayout == kGateUpInterleaved ? 2 * unit : unit;
+      rows[1] = kLayout == kGateUpInterleaved ? 2 * unit + 1 : p.intermediate + unit;
+    } else {
+      rows[0] = kMoeTileRows * v.row_block + g;
+      rows[1] = rows[0] + 8;
+    }
+    const u8* expert_rows = weights + c.expert * expert_stride * row_bytes;
+    const u8* expert_scales = scales + c.expert * scale_expert_stride;
+    if (kUp || rows[0] < p.hidden) {
+      v.row_lo = expert_rows + rows[0] * row_stride * row_bytes;
+      if (kFormat == kWeightsMxfp4) v.scale_lo = expert_scales + rows[0] * scale_row_stride;
+    }
+    if (kUp || rows[1] < p.hidden) {
+      v.row_hi = expert_rows + rows[1] * row_stride * row_bytes;
+      if (kFormat == kWeightsMxfp4) v.scale_hi = expert_scales + rows[1] * scale_row_stride;
+    }
+    const int b_pair = load_l2(&pairs[c.first + (g < c.count ? g : 0)]);
+    v.b_row += kUp ? static_cast<long long>(b_pair / k) * p.x_row_stride : static_cast<long long>(b_pair) * p.intermediate;
 #pragma unroll
-            for (int v = 0; v < 8; ++v) part[m] += wf[v] * a[v];
+    for (int e = 0; e < 2; ++e) {
+      if (2 * t + e < c.count) v.out_pair[e] = load_l2(&pairs[c.first + 2 * t + e]);
+    }
+    return v;
+  };
+
+  long long tile = static_cast<long long>(blockIdx.x) * (kMoeStreamWarps / group_warps) + group_in_cta;
+  MoeMmaTile current = make_tile(tile), next = make_tile(tile + groups);
+  int step = 0, round = 0;
+  Ops operands = load_step<kFormat, kUp>(current, 4 * warp_in_group + t, pieces);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  while (tile < tiles) {
+    // Load the following step (the next tile's first, after the last) before this one computes.
+    const bool last = step + 1 == steps;
+    const int following = last ? 0 : step + 1;
+    MoeMmaTile source = current;  // a copy, not a reference chosen at run time: keeps both in registers
+    if (last) source = next;
+    const Ops ahead = load_step<kFormat, kUp>(source, 4 * (warp_in_group + group_warps * following) + t, pieces);
+    mma_step<kFormat>(acc, operands);
+    operands = ahead;
+    step = following;
+    if (!last) continue;
+
+    // The tile's sums over the group's warps (two rounds of buffers: a warp may write the next
+    // round's while the first warp still reads this one's), then the epilogue by its first warp.
+    if (group_warps > 1) {
+      float* mine = partials[round][warp_in_cta][lane];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mine[i] = acc[i];
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + group_in_cta), "r"(group_warps * kWarp) : "memory");
+      if (warp_in_group == 0) {
+        for (int w = 1; w < group_warps; ++w) {
+          const float* other = partials[round][warp_in_cta + w][lane];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[i] += other[i];
+        }
+      }
+      round ^= 1;
+    }
+    if (warp_in_group == 0) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int pair = current.out_pair[e];
+        if (pair < 0) continue;
+        if (kUp) {
+          const int unit = 8 * current.row_block + g;
+          const int gate_row = kLayout == kGateUpInterleaved ? 2 * unit : unit;
+          const int up_row = kLayout == kGateUpInterleaved ? 2 * unit + 1 : p.intermediate + unit;
+          const long long bias = current.expert * p.w13_bias_expert_stride;
+          act[static_cast<long long>(pair) * p.intermediate + unit] = from_float<bf16>(
+              glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + gate_row), acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + up_row)));
+        } else {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int h = kMoeTileRows * current.row_block + 8 * half + g;
+            if (h < p.hidden) {
+              y[static_cast<long long>(pair) * p.hidden + h] = acc[2 * half + e] + moe_bias<kBias2>(p.w2_bias, current.expert * p.w2_bias_expert_stride + h);
+            }
           }
         }
       }
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] += part[m] * scale;
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+    tile += groups;
+    current = next;
+    next = make_tile(tile + groups);
   }
 }
 
@@ -466,7 +521,6 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     if (e >= 0) pairs[pair_start[e] + atomic_add_global(&fill[e], 1)] = q;
   }
   grid_barrier(&barriers[1]);
-  const int total_chunks = chunk_start[experts];
 
   bool tensor_cores = false;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -486,49 +540,11 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   }
 #endif
   if (!tensor_cores) {
-    // up: act[pair][r] for every routed pair and intermediate unit r.
-    const long long up_items = static_cast<long long>(total_chunks) * p.intermediate;
-    for (long long item = warp; item < up_items; item += warps) {
-      const int chunk = static_cast<int>(item / p.intermediate), r = static_cast<int>(item % p.intermediate);
-      const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
-      int pair[kMoeStreamChunk], token[kMoeStreamChunk];
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) {
-        pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
-        token[m] = pair[m] / k;
-      }
-      const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
-      const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
-      float gate[kMoeStreamChunk], up[kMoeStreamChunk];
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) gate[m] = up[m] = 0.0f;
-      up_dots<kFormat>(p, c.expert, gate_row, up_row, token, c.count, lane, gate, up);
-      const float g = reduce_to_lane(gate, c.count, lane), u = reduce_to_lane(up, c.count, lane);
-      if (lane < c.count) {
-        const long long bias = c.expert * p.w13_bias_expert_stride;
-        act[static_cast<long long>(select_lane(pair, lane)) * p.intermediate + r] =
-            glu_activation<kActivation>(g + moe_bias<kBias13>(p.w13_bias, bias + gate_row), u + moe_bias<kBias13>(p.w13_bias, bias + up_row));
-      }
-    }
+    __shared__ float partials[2][kMoeStreamWarps][kWarp][4];
+    bf16* act16 = reinterpret_cast<bf16*>(act);
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, act16, y, partials);
     grid_barrier(&barriers[2]);
-
-    // down: y[pair][h] for every routed pair and hidden row h.
-    const long long down_items = static_cast<long long>(total_chunks) * p.hidden;
-    for (long long item = warp; item < down_items; item += warps) {
-      const int chunk = static_cast<int>(item / p.hidden), h = static_cast<int>(item % p.hidden);
-      const MoeChunk c = find_chunk(chunk_start, pair_start, experts, chunk);
-      int pair[kMoeStreamChunk];
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) pair[m] = m < c.count ? *reinterpret_cast<volatile int*>(&pairs[c.first + m]) : 0;
-      float acc[kMoeStreamChunk];
-#pragma unroll
-      for (int m = 0; m < kMoeStreamChunk; ++m) acc[m] = 0.0f;
-      down_dots<kFormat>(p, c.expert, h, act, pair, c.count, lane, acc);
-      const float s = reduce_to_lane(acc, c.count, lane);
-      if (lane < c.count) {
-        y[static_cast<long long>(select_lane(pair, lane)) * p.hidden + h] = s + moe_bias<kBias2>(p.w2_bias, c.expert * p.w2_bias_expert_stride + h);
-      }
-    }
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, act16, y, partials);
   }
   grid_barrier(&barriers[3]);
 

@@ -7,8 +7,8 @@
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)
 //   weights   [T * k] float, routing weight per (token, slot)
 //   pairs     [T * k] int, (token * k + slot) grouped by expert
-//   act       [T * k, I] float, the activated intermediate vector of each (token, slot) (bf16,
-//             in the first half of the region, on the grouped-GEMM path)
+//   act       [T * k, I] bf16 (the first half of the region), the activated intermediate vector
+//             of each (token, slot)
 //   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
 //             in the first half of the region, on the grouped-GEMM path)
 #pragma once

@@ -407,6 +407,7 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 5, 64, 96, 8, 2, 0, true, 1, true, true, false},
       {false, 7, 128, 64, 16, 4, 1, true, 0, false, false, false},
       {false, 3, 64, 64, 4, 2, 1, false, 0, false, true, false},
+      {false, 3, 72, 40, 8, 2, 0, true, 1, true, true, false},  // H not a multiple of 16 (a half row tile)
       {false, 9, 64, 32, 8, 2, 2, true, 0, false, false, true},   // all tokens to expert 3
       {true, 4, 128, 64, 8, 4, 0, true, 1, true, true, false},     // MXFP4, GPT-OSS style
       {true, 1, 64, 96, 32, 4, 2, true, 0, false, false, false},
