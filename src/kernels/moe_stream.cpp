@@ -17,9 +17,10 @@ namespace {
 constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in moe_stream.cuh: routing keeps 8 logits per lane
 constexpr int kThreads = 512;     // kMoeStreamWarps x 32
 // Routed (token, slot) pairs from which the grouped-GEMM phases replace the weight-streaming ones
-// on sm_90a with bf16 weights. On an H200 (bench/RESULTS.md), GPT-OSS-120B's layer: 4 pairs
-// (T = 1) 0.095 ms streaming against 0.099 on the GEMMs; 32 pairs (T = 8) 0.490 against 0.445.
-// Between the two is not measured.
+// on sm_90a with bf16 weights. Chosen on an H200 (bench/RESULTS.md) against the streaming phases
+// of the time (a warp per weight row, before they moved to mma.sync), GPT-OSS-120B's layer: 4
+// pairs (T = 1) 0.095 ms streaming against 0.099 on the GEMMs; 32 pairs (T = 8) 0.490 against
+// 0.445. Not measured again since, nor between the two.
 constexpr long long kGemmMinPairs = 16;
 
 // The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices.
