@@ -272,7 +272,9 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   const unsigned char scale = 127;
   p.w13_scale = &scale;  // MXFP4 weights
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, 0u);
-  EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 3 * 1024, sm90a.shared_memory_per_block);
+  // Its static shared memory (20 KB: the expert tables and the mma.sync phases' partial sums) fits
+  // beside the GEMMs' dynamic shared memory.
+  EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 20 * 1024, sm90a.shared_memory_per_block);
 }
 
 // wgmma exists on sm_90a only: Hopper prefill runs the wgmma kernel, every other NVIDIA arch the
