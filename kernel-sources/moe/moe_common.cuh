@@ -26,6 +26,16 @@ __device__ __forceinline__ float moe_weight(const void* base, const u8* scales, 
   return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
 }
 
+// The w13 rows of intermediate unit u: gate and up, rows 2u and 2u + 1 when interleaved, u and
+// I + u when concatenated.
+struct GateUpRows {
+  int gate, up;
+};
+template <int kLayout>
+__device__ __forceinline__ GateUpRows gate_up_rows(int u, int inter) {
+  return kLayout == kGateUpInterleaved ? GateUpRows{2 * u, 2 * u + 1} : GateUpRows{u, inter + u};
+}
+
 template <int kBias>
 __device__ __forceinline__ float moe_bias(const void* bias, long long offset) {
   if (kBias == kBiasF32) return static_cast<const float*>(bias)[offset];

@@ -132,10 +132,10 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, co
         const float v0 = acc[j][2 * half], v1 = acc[j][2 * half + 1];
         if (kUp) {
           const int u = n >> 1;
-          const int gate_row = kLayout == kGateUpInterleaved ? 2 * u : u, up_row = kLayout == kGateUpInterleaved ? 2 * u + 1 : inter + u;
+          const GateUpRows rows = gate_up_rows<kLayout>(u, inter);
           const long long bias = t.expert * p.w13_bias_expert_stride;
           act[static_cast<long long>(pair) * inter + u] = from_float<bf16>(
-              glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + gate_row), v1 + moe_bias<kBias13>(p.w13_bias, bias + up_row)));
+              glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate), v1 + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
         } else {
           const long long bias = t.expert * p.w2_bias_expert_stride + n;
           // n is even and H a multiple of 64: one aligned bf16 pair.

@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(256) moe_reference(const KilnMoeParams p) {
     const int e = ids[j];
     const float w = weights[j];
     for (int r = threadIdx.x; r < p.intermediate; r += blockDim.x) {
-      const int gate_row = kLayout == kGateUpInterleaved ? 2 * r : r;
-      const int up_row = kLayout == kGateUpInterleaved ? 2 * r + 1 : p.intermediate + r;
+      const GateUpRows rows = gate_up_rows<kLayout>(r, p.intermediate);
+      const int gate_row = rows.gate, up_row = rows.up;
       float gate = 0.0f, up = 0.0f;
       for (int k = 0; k < p.hidden; ++k) {
         const long long base = e * p.w13_expert_stride;

@@ -357,9 +357,9 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     v.row_block = static_cast<int>(tile % row_blocks);
     int rows[2];
     if (kUp) {
-      const int unit = 8 * v.row_block + g;
-      rows[0] = kLayout == kGateUpInterleaved ? 2 * unit : unit;
-      rows[1] = kLayout == kGateUpInterleaved ? 2 * unit + 1 : p.intermediate + unit;
+      const GateUpRows unit_rows = gate_up_rows<kLayout>(8 * v.row_block + g, p.intermediate);
+      rows[0] = unit_rows.gate;
+      rows[1] = unit_rows.up;
     } else {
       rows[0] = kMoeTileRows * v.row_block + g;
       rows[1] = rows[0] + 8;
@@ -423,11 +423,10 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
         if (pair < 0) continue;
         if (kUp) {
           const int unit = 8 * current.row_block + g;
-          const int gate_row = kLayout == kGateUpInterleaved ? 2 * unit : unit;
-          const int up_row = kLayout == kGateUpInterleaved ? 2 * unit + 1 : p.intermediate + unit;
+          const GateUpRows rows = gate_up_rows<kLayout>(unit, p.intermediate);
           const long long bias = current.expert * p.w13_bias_expert_stride;
           act[static_cast<long long>(pair) * p.intermediate + unit] = from_float<bf16>(
-              glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + gate_row), acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + up_row)));
+              glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate), acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
         } else {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
