@@ -252,6 +252,9 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   const size_t bytes = spec->workspace_bytes(&p, sm90);
   EXPECT_GE(bytes, size_t{8192} * 4 * (2880 + 2880) * 4);
   EXPECT_LT(bytes, size_t{8192} * 4 * (2880 + 2880) * 4 + (1 << 20));
+  // Only the counters are cleared before each launch, not the 755 MB.
+  ASSERT_TRUE(spec->workspace_zeroed_bytes);
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
 }
 
 // The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:

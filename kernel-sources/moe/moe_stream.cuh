@@ -63,7 +63,7 @@ __device__ __forceinline__ int atomic_add_global(int* p, int v) {
 }
 
 // All CTAs of the (cooperative) grid arrive before any leaves; each counter is used once per
-// launch and starts at zero (the workspace is zero-filled).
+// launch and starts at zero (kiln clears the workspace's counters before the launch).
 __device__ __forceinline__ void grid_barrier(unsigned* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -1,6 +1,7 @@
 // Layout of moe_stream's workspace (moe/moe_stream.cuh), shared verbatim by the kernel and its
 // registration (src/kernels/moe_stream.cpp), which sizes the allocation: plain C only.
-// Byte offsets, each region aligned to 256 bytes:
+// Byte offsets, each region aligned to 256 bytes. Only barriers, counts and fill must start at zero
+// (kiln clears the bytes before `ids`); the kernel writes every other region before reading it:
 //   barriers  4 x u32, the grid-wide barrier counters
 //   counts    [E] int, tokens routed to each expert
 //   fill      [E] int, the scatter's cursor per expert

@@ -1,5 +1,6 @@
 #include "jit/pipeline.hpp"
 
+#include <algorithm>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -295,7 +296,9 @@ void run_operator(const OperatorCall& call) {
     if (call.workspace == nullptr) {
       throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
     }
-    scratch.emplace(kernel->spec->workspace_bytes(call.params, dev.platform), call.stream);
+    const size_t bytes = kernel->spec->workspace_bytes(call.params, dev.platform);
+    const size_t zeroed = kernel->spec->workspace_zeroed_bytes ? std::min(bytes, kernel->spec->workspace_zeroed_bytes(call.params, dev.platform)) : bytes;
+    scratch.emplace(bytes, zeroed, call.stream);
     *call.workspace = scratch->pointer();
   }
   cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);

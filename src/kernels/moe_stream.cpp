@@ -62,6 +62,12 @@ KernelSpec moe_stream_spec() {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).total);
   };
+  // Only the barrier counters and the per-expert counts and cursors start at zero; every other
+  // region is written before it is read (stream_workspace.h).
+  spec.workspace_zeroed_bytes = [](const void* params, const Platform&) {
+    const auto& p = *static_cast<const KilnMoeParams*>(params);
+    return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).ids);
+  };
   return spec;
 }
 

@@ -425,11 +425,14 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
   };
   const OperatorId moe{kFamilyMoe, kModeApply};
+  // The stream kernel's workspace: counters cleared, the rest 0xFF (it must write before it reads).
+  setenv("KILN_POISON_WORKSPACE", "1", 1);
   for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
     Registry::global().set_override(moe, kernel);
     SCOPED_TRACE(kernel);
     for (const auto& c : cases) run_moe(rng, c);
   }
+  unsetenv("KILN_POISON_WORKSPACE");
   Registry::global().set_override(moe, "");
 }
 

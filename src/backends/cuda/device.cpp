@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/driver.hpp"
+#include "core/env.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail::cuda {
@@ -188,9 +189,17 @@ void launch(CUfunction function, const LaunchShape& shape, const void* params, S
   }
 }
 
-StreamScratch::StreamScratch(size_t bytes, Stream stream) : stream_(static_cast<CUstream>(stream)) {
+StreamScratch::StreamScratch(size_t bytes, size_t zeroed_bytes, Stream stream) : stream_(static_cast<CUstream>(stream)) {
+  // KILN_POISON_WORKSPACE=1 fills the bytes past `zeroed_bytes` with 0xFF (NaN floats, -1 ints), so
+  // a kernel that reads scratch it did not write fails its tests instead of reading an earlier
+  // call's values. Read before allocating: a malformed value throws.
+  const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
   KILN_CU_CALL(cuMemAllocAsync, &pointer_, bytes, stream_);
-  const CUresult cleared = KILN_CU_FN(cuMemsetD8Async)(pointer_, 0, bytes, stream_);
+  zeroed_bytes = std::min(zeroed_bytes, bytes);
+  CUresult cleared = zeroed_bytes ? KILN_CU_FN(cuMemsetD8Async)(pointer_, 0, zeroed_bytes, stream_) : CUDA_SUCCESS;
+  if (cleared == CUDA_SUCCESS && poison && zeroed_bytes < bytes) {
+    cleared = KILN_CU_FN(cuMemsetD8Async)(pointer_ + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream_);
+  }
   if (cleared != CUDA_SUCCESS) {
     KILN_CU_FN(cuMemFreeAsync)(pointer_, stream_);
     throw_driver_error(cleared, "cuMemsetD8Async", __FILE__, __LINE__);

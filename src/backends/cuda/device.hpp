@@ -56,13 +56,14 @@ void unload(const LoadedFunction& f);
 void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name);
 
-// Zero-filled device memory ordered on `stream`: allocated from the current device's memory pool
-// (cuMemAllocAsync) and cleared before any later work on the stream, freed on the stream when the
+// Device memory ordered on `stream`: allocated from the current device's memory pool
+// (cuMemAllocAsync), its first `zeroed_bytes` cleared before any later work on the stream (the rest
+// holds whatever the pool hands over), freed on the stream when the
 // scope ends (cuMemFreeAsync), so it is released after the kernels enqueued meanwhile, and it is
 // capturable in a CUDA graph. Throws kiln::Error(kDriverError), e.g. when the pool is out of memory.
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, Stream stream);
+  StreamScratch(size_t bytes, size_t zeroed_bytes, Stream stream);
   ~StreamScratch();
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
