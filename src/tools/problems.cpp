@@ -379,9 +379,9 @@ class MoeProblem : public Problem {
             static_cast<double>(active_experts_) * expert_bytes + 4.0 * static_cast<double>(tokens_ * hidden_)};
   }
   Signature signature() const override { return signature_of(sets_[0].args); }
-  size_t bytes_per_set() const override {
-    return static_cast<size_t>(static_cast<double>(3 * experts_ * hidden_ * inter_) * (mxfp4_ ? 0.53 : 2.0));
-  }
+  // Sets share set 0's weights and differ in tokens and routing, so rotating them reads other
+  // experts each call: a set costs the experts it routes to, not all of them.
+  size_t bytes_per_set() const override { return static_cast<size_t>(work().bytes); }
   double tolerance() const override { return 1e-2; }
 
  private:
@@ -428,16 +428,17 @@ class MoeProblem : public Problem {
     }
     std::vector<uint16_t> w13, w2;
     std::vector<uint8_t> w13p, w2p, s13, s2;
-    if (mxfp4_) {
+    const bool first = sets_.empty();  // later sets point at its weights and biases
+    if (first && mxfp4_) {
       random_mxfp4(rng, E * 2 * I, H, w13p, s13, h.w13);
       random_mxfp4(rng, E * H, I, w2p, s2, h.w2);
-    } else {
+    } else if (first) {
       w13 = random_half(rng, E * 2 * I * H, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(H)), h.w13);
       w2 = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)), h.w2);
     }
     std::vector<float> b13, b2;
     std::vector<uint16_t> b13_bits, b2_bits;
-    if (bias_) {
+    if (bias_ && first) {
       for (size_t i = 0; i < E * 2 * I; ++i) b13.push_back(0.1f * n01(rng));
       for (size_t i = 0; i < E * H; ++i) b2.push_back(0.1f * n01(rng));
       if (bias_bf16_) {  // store bf16, and give the reference exactly the rounded values
@@ -463,6 +464,7 @@ class MoeProblem : public Problem {
           mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2), DeviceBuffer::from(s2),
           bias_bf16_ ? DeviceBuffer::from(b2_bits) : DeviceBuffer::from(b2), {}};
     auto& a = s.args;
+    const Set& owner = first ? s : sets_.front();
     const auto t64 = tokens_, h64 = hidden_, i64 = inter_, e64 = experts_;
     a.x = view(s.x, DType::kBF16, {t64, h64});
     a.out = view(s.out, DType::kBF16, {t64, h64});
@@ -476,22 +478,22 @@ class MoeProblem : public Problem {
     }
     a.top_k = static_cast<int32_t>(top_k_);
     if (mxfp4_) {
-      a.w13 = view(s.w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
-      a.w13_scale = view(s.w13_scale, DType::kE8M0, {e64, 2 * i64, h64 / 32});
-      a.w2 = view(s.w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
-      a.w2_scale = view(s.w2_scale, DType::kE8M0, {e64, h64, i64 / 32});
+      a.w13 = view(owner.w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
+      a.w13_scale = view(owner.w13_scale, DType::kE8M0, {e64, 2 * i64, h64 / 32});
+      a.w2 = view(owner.w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
+      a.w2_scale = view(owner.w2_scale, DType::kE8M0, {e64, h64, i64 / 32});
     } else {
-      a.w13 = view(s.w13, DType::kBF16, {e64, 2 * i64, h64});
-      a.w2 = view(s.w2, DType::kBF16, {e64, h64, i64});
+      a.w13 = view(owner.w13, DType::kBF16, {e64, 2 * i64, h64});
+      a.w2 = view(owner.w2, DType::kBF16, {e64, h64, i64});
     }
     if (bias_) {
       const DType bias_type = bias_bf16_ ? DType::kBF16 : DType::kF32;
-      a.w13_bias = view(s.w13_bias, bias_type, {e64, 2 * i64});
-      a.w2_bias = view(s.w2_bias, bias_type, {e64, h64});
+      a.w13_bias = view(owner.w13_bias, bias_type, {e64, 2 * i64});
+      a.w2_bias = view(owner.w2_bias, bias_type, {e64, h64});
     }
     a.activation = swiglu_ ? MoeActivation::kSwigluClamped : MoeActivation::kSiluGlu;
     a.gate_up_layout = interleaved_ ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
-    if (sets_.empty()) {
+    if (first) {
       // Experts the routing actually chose: the weight bytes a call must read.
       std::set<int> used(ids.begin(), ids.end());
       if (routing_ != 2) {

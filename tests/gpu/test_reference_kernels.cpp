@@ -436,6 +436,103 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
   Registry::global().set_override(moe, "");
 }
 
+// One MXFP4 weight matrix [rows, cols] of zero codes, every block scaled by `scale`.
+struct Mxfp4Matrix {
+  size_t rows, cols;
+  std::vector<uint8_t> packed, scales;
+  Mxfp4Matrix(size_t r, size_t c, uint8_t scale) : rows(r), cols(c), packed(r * c / 2, 0), scales(r * c / 32, scale) {}
+  void set(size_t row, size_t col, uint8_t code, uint8_t scale) {
+    uint8_t& byte = packed[(row * cols + col) / 2];
+    byte = col % 2 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4)) : static_cast<uint8_t>((byte & 0xF0) | code);
+    scales[(row * cols + col) / 32] = scale;
+  }
+};
+
+// One token routed to a single expert with weight 1 through MXFP4 weights that isolate one value
+// per output: out = silu(gate) * up through W2, with the gate made 32 by its bias (silu(32) is 32
+// exactly in float) and x a single 2^-8 at column `x_col`. Returns out as floats.
+std::vector<float> moe_single_path(size_t hidden, size_t inter, const Mxfp4Matrix& w13, const Mxfp4Matrix& w2,
+                                   const std::vector<float>& bias13, size_t x_col, std::mt19937& rng) {
+  std::vector<uint16_t> x_bits(hidden);
+  std::uniform_real_distribution<float> noise(-4.0f, 4.0f);  // beside zero codes: must add nothing
+  for (auto& b : x_bits) b = float_to_bf16(noise(rng));
+  x_bits[x_col] = float_to_bf16(std::ldexp(1.0f, -8));
+  const std::vector<int> ids = {0};
+  const std::vector<float> weights = {1.0f};
+  auto x = DeviceBuffer::from(x_bits), idb = DeviceBuffer::from(ids), wb = DeviceBuffer::from(weights);
+  auto q13 = DeviceBuffer::from(w13.packed), s13 = DeviceBuffer::from(w13.scales), b13 = DeviceBuffer::from(bias13);
+  auto q2 = DeviceBuffer::from(w2.packed), s2 = DeviceBuffer::from(w2.scales);
+  DeviceBuffer out(hidden * 2 + 16);
+  out.fill_bytes(0xFF);
+  const auto h64 = static_cast<int64_t>(hidden), i64 = static_cast<int64_t>(inter);
+  MoeArgs a;
+  a.x = view(x, DType::kBF16, {1, h64});
+  a.out = view(out, DType::kBF16, {1, h64});
+  a.topk_ids = view(idb, DType::kI32, {1, 1});
+  a.topk_weights = view(wb, DType::kF32, {1, 1});
+  a.top_k = 1;
+  a.w13 = view(q13, DType::kF4E2M1x2, {1, 2 * i64, h64 / 2});
+  a.w13_scale = view(s13, DType::kE8M0, {1, 2 * i64, h64 / 32});
+  a.w13_bias = view(b13, DType::kF32, {1, 2 * i64});
+  a.w2 = view(q2, DType::kF4E2M1x2, {1, h64, i64 / 2});
+  a.w2_scale = view(s2, DType::kE8M0, {1, h64, i64 / 32});
+  a.activation = MoeActivation::kSiluGlu;
+  a.gate_up_layout = GateUpLayout::kConcatenated;
+  moe_apply(a, nullptr);
+  synchronize();
+  std::vector<float> got(hidden);
+  const auto bits = out.to_host<uint16_t>(hidden);
+  for (size_t i = 0; i < hidden; ++i) got[i] = bf16_to_float(bits[i]);
+  return got;
+}
+
+// Output h must be e2m1 code h % 16 times e8m0 scale h / 16, exactly: it has at most two significant
+// bits, so it is a bf16 unless it overflows (then +-inf), and NaN for scale 0xFF.
+void expect_every_mxfp4_value(const std::vector<float>& got, size_t outputs, const char* which) {
+  int wrong = 0;
+  for (size_t h = 0; h < outputs; ++h) {
+    const uint8_t code = static_cast<uint8_t>(h % 16), scale = static_cast<uint8_t>(h / 16);
+    const double exact = static_cast<double>(e2m1_to_float(code)) * std::ldexp(1.0, scale - 127);
+    const float want = scale == 0xFF ? NAN : std::fabs(exact) > 3.3895313892515355e38 ? std::copysign(INFINITY, exact) : static_cast<float>(exact);
+    const bool ok = std::isnan(want) ? std::isnan(got[h]) : got[h] == want;
+    if (!ok && ++wrong <= 8) ADD_FAILURE() << which << ": e2m1 code " << int{code} << " x 2^" << scale - 127 << " gave " << got[h] << ", want " << want;
+  }
+  EXPECT_EQ(wrong, 0) << which << ": " << wrong << " of " << outputs << " values decoded wrongly";
+}
+
+TEST_F(Gpu, MoeMxfp4DecodesEveryValueExactly) {
+  constexpr uint8_t kOne = 2;  // e2m1 code of 1.0
+  const OperatorId moe{kFamilyMoe, kModeApply};
+  for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
+    Registry::global().set_override(moe, kernel);
+    SCOPED_TRACE(kernel);
+    {
+      // W13: up row u holds code u % 16 with scale u / 16 at the column where x is 2^-8 (scales
+      // below 0xFF: a NaN there would reach every output through W2's zeros); act = 2^-3 * value,
+      // and W2 is 8 times the identity, so out[h] is up row h's value.
+      const size_t H = 4096, I = 4096, x_col = 37;
+      Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
+      for (size_t u = 0; u < 255 * 16; ++u) w13.set(I + u, x_col, static_cast<uint8_t>(u % 16), static_cast<uint8_t>(u / 16));
+      for (size_t h = 0; h < H; ++h) w2.set(h, h, kOne, 130);
+      std::vector<float> bias(2 * I, 0.0f);
+      std::fill(bias.begin(), bias.begin() + I, 32.0f);
+      expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, x_col, rng), 255 * 16, "w13");
+    }
+    {
+      // W2: every up row zero but unit 7's, whose bias makes act = 1 there and 0 elsewhere; W2 row
+      // h holds code h % 16 with scale h / 16 (0xFF included) in column 7, so out[h] is that value.
+      const size_t H = 4096, I = 32, unit = 7;
+      Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
+      for (size_t h = 0; h < H; ++h) w2.set(h, unit, static_cast<uint8_t>(h % 16), static_cast<uint8_t>(h / 16));
+      std::vector<float> bias(2 * I, 0.0f);
+      std::fill(bias.begin(), bias.begin() + I, 32.0f);
+      bias[I + unit] = 1.0f / 32.0f;
+      expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, 0, rng), H, "w2");
+    }
+  }
+  Registry::global().set_override(moe, "");
+}
+
 TEST_F(Gpu, SecondCallHitsTheLoadedKernel) {
   // Same signature twice: the second call must not compile again (it reuses the loaded kernel).
   run_decode(rng, {DType::kBF16, false, 64, 8, 8, 16, 1, {40, 3}, -1, false});
