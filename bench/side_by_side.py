@@ -39,6 +39,7 @@ def kt(t, dtype_code=None):
     for i, (s, st) in enumerate(zip(t.shape, t.stride())):
         k.shape[i], k.strides[i] = s, st
     k.device = t.device.index if t.is_cuda else -1
+    k.owner = t  # the descriptor holds only the address: keep the tensor alive as long as it
     return k
 
 
