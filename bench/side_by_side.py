@@ -334,6 +334,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
+    ap.add_argument("--moe-weights", choices=["bf16", "mxfp4"], help="only the MoE rows of this weight format")
+    ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     args = ap.parse_args()
     torch.cuda.init()
     kiln = Kiln(args.lib)
@@ -359,10 +361,12 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
-    for T in (1, 8, 64, 512, 4096, 8192) if args.only in (None, "moe") else ():
-        rows.append(moe_case(kiln, T, l2, quick=args.quick))
-    for T in (1, 8) if args.only in (None, "moe") else ():
-        rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=True))
+    moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
+    moe_rows = [(T, False) for T in (1, 8, 64, 512, 4096, 8192)] + [(T, True) for T in (1, 8)]
+    for T, mxfp4 in moe_rows if args.only in (None, "moe") else ():
+        if (moe_tokens and T not in moe_tokens) or (args.moe_weights and args.moe_weights != ("mxfp4" if mxfp4 else "bf16")):
+            continue
+        rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=mxfp4))
         print(json.dumps(rows[-1]), flush=True)
     ceil = ceilings()
     os.makedirs(args.out, exist_ok=True)

@@ -183,8 +183,11 @@ __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int
 // (g, t) pieces 4 (w + G s) + t of rows g and g + 8 in step s of warp w. An MMA sums over whatever
 // k its four lanes t hold, so the pieces need not be adjacent in K: a lane's 8 A values of MMA i
 // are values 4 i .. 4 i + 3 of its two pieces, and its B values the same k of token column g.
-// MXFP4 values are decoded to bf16 and multiplied by their scale in bf16, which is exact (e2m1
-// times a power of two) unless the product overflows bf16 (scales of 2^126 and above).
+// MXFP4 values become bf16 in a few integer operations and are multiplied by their scale in bf16,
+// exactly (an e2m1 value times a power of two is a bf16 unless it overflows, which f32 would too).
+// The decode pairs values i and i + 4 of each 8 (see e2m1x8_to_tiny_bf16x2), so the MMA's k order
+// within every 8 values is 0 4 1 5 2 6 3 7 for MXFP4: x is copied once in that order into the
+// workspace (x_reordered) and act is written in it.
 enum { kMoeTileRows = 16, kMoeMaxGroupWarps = 16 };
 
 // A lane's operands of one step: 16 bytes of weight rows g and g + 8, their scales as bf16 pairs
@@ -193,19 +196,23 @@ template <int kFormat>
 struct MoeStepOperands {
   enum { kPieceValues = kFormat == kWeightsMxfp4 ? 32 : 8 };
   Words4 lo, hi;
-  u32 scale_lo, scale_hi;
+  u32 scale_lo, scale_hi;  // e8m0 bits
   u32 b[kPieceValues / 2];
 };
 
-// Where one lane reads a tile's operands, and where its results go.
+// Where one lane reads a tile's operands, and where its results go. The tile's second weight row
+// (and its scales) sits a fixed distance after the first, the same for every tile of a phase
+// (MoeRowDistance).
 struct MoeMmaTile {
-  const u8* row_lo;  // weight row g (bytes), null past the matrix
-  const u8* row_hi;  // weight row g + 8
-  const u8* scale_lo;
-  const u8* scale_hi;
-  const bf16* b_row;  // activations of token column g (column 0's when g >= count)
-  int out_pair[2];    // pairs of result columns 2t and 2t + 1, -1 past the chunk
+  const u8* row_lo;    // weight row g (bytes)
+  const u8* scale_lo;  // its e8m0 scales (MXFP4)
+  const bf16* b_row;   // activations of token column g (column 0's when g >= count)
+  int out_pair[2];     // pairs of result columns 2t and 2t + 1, -1 past the chunk
   int expert, row_block;
+  bool lo_valid, hi_valid;  // false past the matrix or past the tiles: read as zeros
+};
+struct MoeRowDistance {
+  long long bytes, scales;
 };
 
 __device__ __forceinline__ Words4 load_readonly16_or_zero(const void* p, bool valid) {
@@ -237,43 +244,47 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
 }
 
 template <int kFormat, bool kUp>
-__device__ __forceinline__ MoeStepOperands<kFormat> load_step(const MoeMmaTile& tile, int piece, int pieces) {
+__device__ __forceinline__ MoeStepOperands<kFormat> load_step(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
   using Ops = MoeStepOperands<kFormat>;
   Ops o;
   const bool valid = piece < pieces;
-  o.lo = load_readonly16_or_zero(tile.row_lo + 16 * piece, valid && tile.row_lo != nullptr);
-  o.hi = load_readonly16_or_zero(tile.row_hi + 16 * piece, valid && tile.row_hi != nullptr);
+  o.lo = load_readonly16_or_zero(tile.row_lo + 16 * piece, valid && tile.lo_valid);
+  o.hi = load_readonly16_or_zero(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
   o.scale_lo = o.scale_hi = 0u;
   if (kFormat == kWeightsMxfp4 && valid) {
-    if (tile.row_lo != nullptr) o.scale_lo = e8m0_to_bf16x2(tile.scale_lo[piece]);
-    if (tile.row_hi != nullptr) o.scale_hi = e8m0_to_bf16x2(tile.scale_hi[piece]);
+    if (tile.lo_valid) o.scale_lo = tile.scale_lo[piece];
+    if (tile.hi_valid) o.scale_hi = tile.scale_lo[hi.scales + piece];
   }
-  // B of a piece past K pairs with zero A: read the last piece again, which is in bounds.
+  // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's
+  // up reads the caller's x; MXFP4's up the reordered copy, and down act: both written in this launch.
   const bf16* b = tile.b_row + Ops::kPieceValues * min(piece, pieces - 1);
 #pragma unroll
   for (int q = 0; q < Ops::kPieceValues / 8; ++q) {
-    const Words4 v = kUp ? load_readonly16(b + 8 * q) : load_l2_16(b + 8 * q);
+    const Words4 v = kUp && kFormat == kWeightsBf16 ? load_readonly16(b + 8 * q) : load_l2_16(b + 8 * q);
 #pragma unroll
     for (int i = 0; i < 4; ++i) o.b[4 * q + i] = v.w[i];
   }
   return o;
 }
 
-// Eight e2m1 values (a word, low nibble first) to four bf16 pairs in order, exactly, on the integer
-// pipe: every e2m1 value is a bf16 whose two bytes a byte permute looks up by the 3-bit magnitude
-// (four at a time), then the sign bit is moved into place.
-__device__ __forceinline__ void e2m1x8_to_bf16x2(u32 w, u32 (&pairs)[4]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const u32 nibbles = half ? w >> 16 : w;
-    const u32 magnitudes = nibbles & 0x77777777u;
-    // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40
-    const u32 low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
-    const u32 high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
-    pairs[2 * half] = byte_permute(low, high, 0x5140u) | ((nibbles << 12) & 0x8000u) | ((nibbles << 24) & 0x80000000u);
-    pairs[2 * half + 1] = byte_permute(low, high, 0x7362u) | ((nibbles << 4) & 0x8000u) | ((nibbles << 16) & 0x80000000u);
-  }
+// Eight e2m1 values (a word, low nibble first) to four bf16 pairs, each value times 2^-126, exactly:
+// pair i holds values i and i + 4, which sit 16 bits apart in the word, so one shift and two masks
+// place both. An e2m1 value's three magnitude bits (e1 e0 m) land on the bf16's two lowest exponent
+// bits and its first mantissa bit: 2^(e - 127) (1 + m/2) for e > 0, and the subnormal 2^-126 m/2 for
+// e = 0, which is the e2m1 value 2^(e - 1) (1 + m/2), or m/2, times 2^-126.
+__device__ __forceinline__ void e2m1x8_to_tiny_bf16x2(u32 w, u32 (&pairs)[4]) {
+  constexpr u32 kMagnitudes = 0x01C001C0u, kSigns = 0x80008000u;
+  pairs[0] = ((w << 6) & kMagnitudes) | ((w << 12) & kSigns);
+  pairs[1] = ((w << 2) & kMagnitudes) | ((w << 8) & kSigns);
+  pairs[2] = ((w >> 2) & kMagnitudes) | ((w << 4) & kSigns);
+  pairs[3] = ((w >> 6) & kMagnitudes) | (w & kSigns);
 }
+// Where value v of each 8 sits in the MXFP4 path's k order (0 4 1 5 2 6 3 7): x's copy and act.
+__device__ __forceinline__ int mxfp4_k_slot(int v) { return (v & ~7) | ((v & 3) << 1) | ((v >> 2) & 1); }
+
+// The factor that takes e2m1x8_to_tiny_bf16x2's values to value times the e8m0 scale `bits`:
+// 2^(bits - 1) as a bf16 pair, a normal number for bits <= 128 (scales up to 2).
+__device__ __forceinline__ u32 tiny_scale_bf16x2(u32 bits) { return bits * 0x00800080u + 0x3F003F00u; }
 
 template <int kFormat>
 __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepOperands<kFormat>& o) {
@@ -284,15 +295,24 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepOperands<
       mma_16816<bf16>(acc, a, o.b[2 * i], o.b[2 * i + 1]);
     }
   } else {
+    // Scales above 2 (none in released checkpoints) multiply by 2^126 first, then by the scale, in
+    // a branch the whole warp takes together.
+    const bool large_scales = __any_sync(0xffffffffu, max(o.scale_lo, o.scale_hi) > 128u);
+    const u32 scale_lo = large_scales ? e8m0_to_bf16x2(o.scale_lo) : tiny_scale_bf16x2(o.scale_lo);
+    const u32 scale_hi = large_scales ? e8m0_to_bf16x2(o.scale_hi) : tiny_scale_bf16x2(o.scale_hi);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7, MMAs 2 j and 2 j + 1
+    for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 in pairs (i, i + 4), MMAs 2 j and 2 j + 1
       u32 lo[4], hi[4];
-      e2m1x8_to_bf16x2(o.lo.w[j], lo);
-      e2m1x8_to_bf16x2(o.hi.w[j], hi);
+      e2m1x8_to_tiny_bf16x2(o.lo.w[j], lo);
+      e2m1x8_to_tiny_bf16x2(o.hi.w[j], hi);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        lo[i] = bf16x2_mul(lo[i], o.scale_lo);
-        hi[i] = bf16x2_mul(hi[i], o.scale_hi);
+        if (large_scales) {
+          lo[i] = bf16x2_mul(lo[i], 0x7E807E80u);  // 2^126
+          hi[i] = bf16x2_mul(hi[i], 0x7E807E80u);
+        }
+        lo[i] = bf16x2_mul(lo[i], scale_lo);
+        hi[i] = bf16x2_mul(hi[i], scale_hi);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -320,11 +340,12 @@ __device__ __forceinline__ int moe_group_warps(long long tiles, int pieces) {
 }
 
 // up (kUp) or down for every routed pair of the chunked list, as described above; `partials` is
-// shared memory for two rounds of every warp's accumulators. act is bf16 (one row of I per pair),
-// y f32 (one row of H per pair).
+// shared memory for two rounds of every warp's accumulators. up's B is `x` (rows of H: the caller's
+// x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in MXFP4's k order for
+// MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, bf16* act,
-                              float* y, float (*partials)[kMoeStreamWarps][kWarp][4]) {
+__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, const bf16* x,
+                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4]) {
   using Ops = MoeStepOperands<kFormat>;
   const int experts = p.num_experts, k = p.top_k;
   const int rows_k = kUp ? p.hidden : p.intermediate;  // K
@@ -335,6 +356,8 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const int warp_in_cta = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   const int group_in_cta = warp_in_cta / group_warps, warp_in_group = warp_in_cta % group_warps;
   const long long groups = static_cast<long long>(gridDim.x) * (kMoeStreamWarps / group_warps);
+  // Groups are numbered across the CTAs first, so that fewer tiles than groups still reach every SM.
+  const long long group = static_cast<long long>(group_in_cta) * gridDim.x + blockIdx.x;
   const int steps = (pieces + 4 * group_warps - 1) / (4 * group_warps);
   const long long expert_stride = kUp ? p.w13_expert_stride : p.w2_expert_stride;
   const long long row_stride = kUp ? p.w13_row_stride : p.w2_row_stride;
@@ -344,11 +367,15 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const long long scale_expert_stride = kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride;
   const long long scale_row_stride = kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride;
 
+  const int row_distance = kUp ? gate_up_rows<kLayout>(0, p.intermediate).up : 8;  // rows g + 8 and g of a tile
+  const MoeRowDistance hi{row_distance * row_stride * row_bytes, row_distance * scale_row_stride};
   // This lane's view of tile `tile` (the pair list was written by other CTAs: read through L2).
   auto make_tile = [&](long long tile) {
     MoeMmaTile v;
-    v.row_lo = v.row_hi = v.scale_lo = v.scale_hi = nullptr;
-    v.b_row = kUp ? static_cast<const bf16*>(p.x) : act;
+    v.row_lo = weights;
+    v.scale_lo = scales;
+    v.lo_valid = v.hi_valid = false;
+    v.b_row = kUp ? x : act;
     v.out_pair[0] = v.out_pair[1] = -1;
     v.expert = v.row_block = 0;
     if (tile >= tiles) return v;
@@ -364,18 +391,12 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
       rows[0] = kMoeTileRows * v.row_block + g;
       rows[1] = rows[0] + 8;
     }
-    const u8* expert_rows = weights + c.expert * expert_stride * row_bytes;
-    const u8* expert_scales = scales + c.expert * scale_expert_stride;
-    if (kUp || rows[0] < p.hidden) {
-      v.row_lo = expert_rows + rows[0] * row_stride * row_bytes;
-      if (kFormat == kWeightsMxfp4) v.scale_lo = expert_scales + rows[0] * scale_row_stride;
-    }
-    if (kUp || rows[1] < p.hidden) {
-      v.row_hi = expert_rows + rows[1] * row_stride * row_bytes;
-      if (kFormat == kWeightsMxfp4) v.scale_hi = expert_scales + rows[1] * scale_row_stride;
-    }
+    v.row_lo = weights + (c.expert * expert_stride + rows[0] * row_stride) * row_bytes;
+    if (kFormat == kWeightsMxfp4) v.scale_lo = scales + c.expert * scale_expert_stride + rows[0] * scale_row_stride;
+    v.lo_valid = kUp || rows[0] < p.hidden;
+    v.hi_valid = kUp || rows[1] < p.hidden;
     const int b_pair = load_l2(&pairs[c.first + (g < c.count ? g : 0)]);
-    v.b_row += kUp ? static_cast<long long>(b_pair / k) * p.x_row_stride : static_cast<long long>(b_pair) * p.intermediate;
+    v.b_row += kUp ? static_cast<long long>(b_pair / k) * x_row_stride : static_cast<long long>(b_pair) * p.intermediate;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (2 * t + e < c.count) v.out_pair[e] = load_l2(&pairs[c.first + 2 * t + e]);
@@ -383,22 +404,24 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     return v;
   };
 
-  long long tile = static_cast<long long>(blockIdx.x) * (kMoeStreamWarps / group_warps) + group_in_cta;
+  long long tile = group;
   MoeMmaTile current = make_tile(tile), next = make_tile(tile + groups);
-  int step = 0, round = 0;
-  Ops operands = load_step<kFormat, kUp>(current, 4 * warp_in_group + t, pieces);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int round = 0;
+  Ops operands = load_step<kFormat, kUp>(current, hi, 4 * warp_in_group + t, pieces);
   while (tile < tiles) {
-    // Load the following step (the next tile's first, after the last) before this one computes.
-    const bool last = step + 1 == steps;
-    const int following = last ? 0 : step + 1;
-    MoeMmaTile source = current;  // a copy, not a reference chosen at run time: keeps both in registers
-    if (last) source = next;
-    const Ops ahead = load_step<kFormat, kUp>(source, 4 * (warp_in_group + group_warps * following) + t, pieces);
-    mma_step<kFormat>(acc, operands);
-    operands = ahead;
-    step = following;
-    if (!last) continue;
+    // Each step loads the following one's operands before it computes; the last loads the next
+    // tile's first.
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int step = 1; step < steps; ++step) {
+      const Ops ahead = load_step<kFormat, kUp>(current, hi, 4 * (warp_in_group + group_warps * step) + t, pieces);
+      mma_step<kFormat>(acc, operands);
+      operands = ahead;
+    }
+    {
+      const Ops ahead = load_step<kFormat, kUp>(next, hi, 4 * warp_in_group + t, pieces);
+      mma_step<kFormat>(acc, operands);
+      operands = ahead;
+    }
 
     // The tile's sums over the group's warps (two rounds of buffers: a warp may write the next
     // round's while the first warp still reads this one's), then the epilogue by its first warp.
@@ -425,7 +448,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
           const int unit = 8 * current.row_block + g;
           const GateUpRows rows = gate_up_rows<kLayout>(unit, p.intermediate);
           const long long bias = current.expert * p.w13_bias_expert_stride;
-          act[static_cast<long long>(pair) * p.intermediate + unit] = from_float<bf16>(
+          act[static_cast<long long>(pair) * p.intermediate + (kFormat == kWeightsMxfp4 ? mxfp4_k_slot(unit) : unit)] = from_float<bf16>(
               glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate), acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
         } else {
 #pragma unroll
@@ -438,8 +461,6 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
     tile += groups;
     current = next;
     next = make_tile(tile + groups);
@@ -459,6 +480,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   int* ids = reinterpret_cast<int*>(ws + layout.ids);
   float* weights = reinterpret_cast<float*>(ws + layout.weights);
   int* pairs = reinterpret_cast<int*>(ws + layout.pairs);
+  bf16* x_reordered = reinterpret_cast<bf16*>(ws + layout.x_reordered);
   float* act = reinterpret_cast<float*>(ws + layout.act);
   float* y = reinterpret_cast<float*>(ws + layout.y);
 
@@ -467,8 +489,21 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
   const int k = p.top_k, experts = p.num_experts, num_pairs = p.num_tokens * p.top_k;
 
-  // route
+  // route (and MXFP4's copy of x in its k order, 8 values per thread at a time)
   for (int t = warp; t < p.num_tokens; t += warps) route_token_warp<kRouting, kLogitsBf16>(p, t, lane, ids, weights, counts);
+  if (kFormat == kWeightsMxfp4) {
+    const int per_row = p.hidden / 8;
+    for (long long i = thread; i < static_cast<long long>(p.num_tokens) * per_row; i += threads) {
+      const long long t = i / per_row, c = i % per_row;
+      const Words4 v = load_readonly16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c);
+      Words4 r;  // (x0, x4) (x1, x5) (x2, x6) (x3, x7)
+      r.w[0] = byte_permute(v.w[0], v.w[2], 0x5410u);
+      r.w[1] = byte_permute(v.w[0], v.w[2], 0x7632u);
+      r.w[2] = byte_permute(v.w[1], v.w[3], 0x5410u);
+      r.w[3] = byte_permute(v.w[1], v.w[3], 0x7632u);
+      *reinterpret_cast<Words4*>(x_reordered + t * p.hidden + 8 * c) = r;
+    }
+  }
   grid_barrier(&barriers[0]);
 
   // group: every CTA derives the same offsets from the counts (warp 0: 8 experts per lane, then a
@@ -541,9 +576,11 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   if (!tensor_cores) {
     __shared__ float partials[2][kMoeStreamWarps][kWarp][4];
     bf16* act16 = reinterpret_cast<bf16*>(act);
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, act16, y, partials);
+    const bf16* x = kFormat == kWeightsMxfp4 ? x_reordered : static_cast<const bf16*>(p.x);
+    const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials);
     grid_barrier(&barriers[2]);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, act16, y, partials);
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials);
   }
   grid_barrier(&barriers[3]);
 

@@ -8,6 +8,7 @@
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)
 //   weights   [T * k] float, routing weight per (token, slot)
 //   pairs     [T * k] int, (token * k + slot) grouped by expert
+//   x_reordered  [T, H] bf16, x in the MXFP4 path's k order (written only for MXFP4 weights)
 //   act       [T * k, I] bf16 (the first half of the region), the activated intermediate vector
 //             of each (token, slot)
 //   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
@@ -27,7 +28,7 @@
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 
 struct KilnMoeStreamWorkspace {
-  long long barriers, counts, fill, ids, weights, pairs, act, y, total;
+  long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
 };
 
 KILN_MOE_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
@@ -42,7 +43,8 @@ KILN_MOE_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(lon
   w.ids = w.fill + kiln_moe_align256(4 * experts);
   w.weights = w.ids + kiln_moe_align256(4 * pairs);
   w.pairs = w.weights + kiln_moe_align256(4 * pairs);
-  w.act = w.pairs + kiln_moe_align256(4 * pairs);
+  w.x_reordered = w.pairs + kiln_moe_align256(4 * pairs);
+  w.act = w.x_reordered + kiln_moe_align256(2 * tokens * hidden);
   w.y = w.act + kiln_moe_align256(4 * pairs * inter);
   w.total = w.y + kiln_moe_align256(4 * pairs * hidden);
   return w;
