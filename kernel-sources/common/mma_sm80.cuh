@@ -49,9 +49,14 @@ __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
   return r;
 }
 
-// 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false.
+// 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false. The overloads
+// taking an unsigned take a shared-window address (shared_address), which a loop can keep instead
+// of converting a generic pointer on every call.
+__device__ __forceinline__ void copy16_async_or_zero(unsigned smem, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void copy16_async_or_zero(void* smem, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(global), "r"(valid ? 16 : 0) : "memory");
+  copy16_async_or_zero(shared_address(smem), global, valid);
 }
 // The same, asking L2 to fetch the whole aligned 256-byte block from DRAM as one request: the
 // decode kernels read 128- and 256-byte K and V rows 16 bytes per lane (on an H200 2% faster at
@@ -64,11 +69,12 @@ __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_
 template <int kPending>
 __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
-__device__ __forceinline__ Bf16x8 load16_shared(const void* p) {
+__device__ __forceinline__ Bf16x8 load16_shared(unsigned p) {
   Bf16x8 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "r"(shared_address(p)));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "r"(p));
   return v;
 }
+__device__ __forceinline__ Bf16x8 load16_shared(const void* p) { return load16_shared(shared_address(p)); }
 
 __device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");

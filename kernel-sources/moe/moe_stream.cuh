@@ -12,11 +12,13 @@
 // An expert's weights are read once per chunk of 8 tokens routed to it: exactly once at decode
 // sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
 // down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
-// Weights are read 16 bytes per lane: 8 bf16, or 32 e2m1 values that share one e8m0 scale. act
-// is stored as bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
-// Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
+// Weights are read 16 bytes per lane (8 bf16, or 32 e2m1 values that share one e8m0 scale) into a
+// per-warp ring in shared memory, two (MXFP4) or three (bf16) steps ahead. act is stored as bf16 on both paths (the down
+// GEMM's operand), y as f32 here and bf16 on the GEMMs. Device-resident topk_ids outside [0, E)
+// contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
-// dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases, none the streaming ones.
+// dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases,
+// KILN_MOE_RING_BYTES(mxfp4) the streaming ones.
 #pragma once
 
 #include "common/mma_sm80.cuh"
@@ -30,17 +32,6 @@ namespace kiln {
 
 enum { kMoeStreamWarps = 16, kMoeStreamChunk = 8, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
-struct Words4 {
-  u32 w[4];
-};
-
-// 16 bytes of data that no kernel writes during the launch (weights, x), through the
-// non-coherent path.
-__device__ __forceinline__ Words4 load_readonly16(const void* p) {
-  Words4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
-  return v;
-}
 // Workspace values written by other CTAs before the last barrier, read from L2 (not L1, which may
 // hold an older copy of the line): weak loads, ordered by the barrier.
 __device__ __forceinline__ int load_l2(const int* p) {
@@ -190,14 +181,31 @@ __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int
 // workspace (x_reordered) and act is written in it.
 enum { kMoeTileRows = 16, kMoeMaxGroupWarps = 16 };
 
-// A lane's operands of one step: 16 bytes of weight rows g and g + 8, their scales as bf16 pairs
-// (MXFP4), and the matching activations of token column g.
+// A lane's weights of one step, read back from its ring slot: 16 bytes of rows g and g + 8, and
+// (MXFP4) their e8m0 scale bits.
+struct MoeStepWeights {
+  Bf16x8 lo, hi;
+  u32 scale_lo, scale_hi;
+};
+// A lane's activations of one step: the k of its weights, of token column g.
 template <int kFormat>
-struct MoeStepOperands {
+struct MoeStepActivations {
   enum { kPieceValues = kFormat == kWeightsMxfp4 ? 32 : 8 };
-  Words4 lo, hi;
-  u32 scale_lo, scale_hi;  // e8m0 bits
   u32 b[kPieceValues / 2];
+};
+
+// The weights reach shared memory through cp.async, MoeRing::kStages - 1 steps ahead of the MMAs:
+// one step's loads alone leave too few bytes in flight to cover DRAM latency. Every warp has its
+// own ring and every lane reads back only what it copied, so no barrier is needed. A stage holds
+// the warp's 2 x 32 x 16 bytes of rows, then (MXFP4) per lane the aligned words holding its two
+// scale bytes (cp.async copies 4, 8 or 16 bytes).
+enum { kMoeRingRowBytes = 2 * kWarp * 16 };
+template <int kFormat>
+struct MoeRing {
+  enum {
+    kStages = KILN_MOE_RING_STAGES(kFormat == kWeightsMxfp4),
+    kStageBytes = kMoeRingRowBytes + (kFormat == kWeightsMxfp4 ? kWarp * 8 : 0),
+  };
 };
 
 // Where one lane reads a tile's operands, and where its results go. The tile's second weight row
@@ -215,19 +223,16 @@ struct MoeRowDistance {
   long long bytes, scales;
 };
 
-__device__ __forceinline__ Words4 load_readonly16_or_zero(const void* p, bool valid) {
-  Words4 v;
-  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-      : "l"(p), "r"(static_cast<int>(valid)));
-  return v;
+// 4 bytes from global to shared memory (a shared-window address), or 4 zero bytes when `valid` is false.
+__device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0) : "memory");
 }
-// 16 bytes of the workspace written by other CTAs before the last barrier (see load_l2).
-__device__ __forceinline__ Words4 load_l2_16(const void* p) {
-  Words4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p) : "memory");
-  return v;
+// The 4-byte-aligned word holding the byte at p (never crosses a page: it shares p's aligned word).
+__device__ __forceinline__ const void* aligned_word(const u8* p) {
+  return reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(p) & ~3ull);
+}
+__device__ __forceinline__ u32 byte_of_word(u32 word, const u8* p) {
+  return (word >> (8 * (reinterpret_cast<unsigned long long>(p) & 3))) & 0xFFu;
 }
 
 // An e8m0 scale as a pair of bf16, both 2^(bits - 127): exactly representable (2^-127 as a bf16
@@ -243,28 +248,56 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return r;
 }
 
-template <int kFormat, bool kUp>
-__device__ __forceinline__ MoeStepOperands<kFormat> load_step(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
-  using Ops = MoeStepOperands<kFormat>;
-  Ops o;
+// Copies one step's weights of `tile` (piece `piece` of rows g and g + 8) into a ring stage (its
+// shared-window address).
+template <int kFormat>
+__device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
   const bool valid = piece < pieces;
-  o.lo = load_readonly16_or_zero(tile.row_lo + 16 * piece, valid && tile.lo_valid);
-  o.hi = load_readonly16_or_zero(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
-  o.scale_lo = o.scale_hi = 0u;
-  if (kFormat == kWeightsMxfp4 && valid) {
-    if (tile.lo_valid) o.scale_lo = tile.scale_lo[piece];
-    if (tile.hi_valid) o.scale_hi = tile.scale_lo[hi.scales + piece];
+  copy16_async_or_zero(stage + 16 * lane, tile.row_lo + 16 * piece, valid && tile.lo_valid);
+  copy16_async_or_zero(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
+  if (kFormat == kWeightsMxfp4) {
+    const u8* scale = tile.scale_lo + piece;
+    copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
+    copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
   }
-  // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's
-  // up reads the caller's x; MXFP4's up the reordered copy, and down act: both written in this launch.
-  const bf16* b = tile.b_row + Ops::kPieceValues * min(piece, pieces - 1);
-#pragma unroll
-  for (int q = 0; q < Ops::kPieceValues / 8; ++q) {
-    const Words4 v = kUp && kFormat == kWeightsBf16 ? load_readonly16(b + 8 * q) : load_l2_16(b + 8 * q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o.b[4 * q + i] = v.w[i];
+}
+template <int kFormat>
+__device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece) {
+  MoeStepWeights w;
+  w.lo = load16_shared(stage + 16 * lane);
+  w.hi = load16_shared(stage + kWarp * 16 + 16 * lane);
+  w.scale_lo = w.scale_hi = 0u;
+  if (kFormat == kWeightsMxfp4) {
+    u32 words[2];
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(words[0]), "=r"(words[1]) : "r"(stage + kMoeRingRowBytes + 8 * lane));
+    const u8* scale = tile.scale_lo + piece;
+    w.scale_lo = byte_of_word(words[0], scale);
+    w.scale_hi = byte_of_word(words[1], scale + hi.scales);
   }
-  return o;
+  return w;
+}
+
+// B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's up
+// reads the caller's x (read-only: the non-coherent path); MXFP4's up the reordered copy, and down
+// act, both written earlier in this launch: plain weak loads, ordered by the grid barrier since,
+// which the L1 may serve (every lane of a warp reads the same few rows).
+template <int kFormat, bool kUp>
+__device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(const MoeMmaTile& tile, int piece, int pieces) {
+  using Acts = MoeStepActivations<kFormat>;
+  Acts a;
+  const bf16* b = tile.b_row + Acts::kPieceValues * min(piece, pieces - 1);
+#pragma unroll
+  for (int q = 0; q < Acts::kPieceValues / 8; ++q) {
+    Bf16x8 v;
+    if (kUp && kFormat == kWeightsBf16) {
+      v = load16(b + 8 * q);
+    } else {
+      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(b + 8 * q) : "memory");
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.b[4 * q + i] = v.w[i];
+  }
+  return a;
 }
 
 // Eight e2m1 values (a word, low nibble first) to four bf16 pairs, each value times 2^-126, exactly:
@@ -286,28 +319,27 @@ __device__ __forceinline__ int mxfp4_k_slot(int v) { return (v & ~7) | ((v & 3) 
 // 2^(bits - 1) as a bf16 pair, a normal number for bits <= 128 (scales up to 2).
 __device__ __forceinline__ u32 tiny_scale_bf16x2(u32 bits) { return bits * 0x00800080u + 0x3F003F00u; }
 
-template <int kFormat>
-__device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepOperands<kFormat>& o) {
+// One step's MMAs. MXFP4 scales above 2 (none in released checkpoints) take kLargeScales: a
+// multiply by 2^126, then by the scale; the caller branches for the whole warp.
+template <int kFormat, bool kLargeScales>
+__device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& w, const MoeStepActivations<kFormat>& a) {
   if (kFormat == kWeightsBf16) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const unsigned a[4] = {o.lo.w[2 * i], o.hi.w[2 * i], o.lo.w[2 * i + 1], o.hi.w[2 * i + 1]};
-      mma_16816<bf16>(acc, a, o.b[2 * i], o.b[2 * i + 1]);
+      const unsigned regs[4] = {w.lo.w[2 * i], w.hi.w[2 * i], w.lo.w[2 * i + 1], w.hi.w[2 * i + 1]};
+      mma_16816<bf16>(acc, regs, a.b[2 * i], a.b[2 * i + 1]);
     }
   } else {
-    // Scales above 2 (none in released checkpoints) multiply by 2^126 first, then by the scale, in
-    // a branch the whole warp takes together.
-    const bool large_scales = __any_sync(0xffffffffu, max(o.scale_lo, o.scale_hi) > 128u);
-    const u32 scale_lo = large_scales ? e8m0_to_bf16x2(o.scale_lo) : tiny_scale_bf16x2(o.scale_lo);
-    const u32 scale_hi = large_scales ? e8m0_to_bf16x2(o.scale_hi) : tiny_scale_bf16x2(o.scale_hi);
+    const u32 scale_lo = kLargeScales ? e8m0_to_bf16x2(w.scale_lo) : tiny_scale_bf16x2(w.scale_lo);
+    const u32 scale_hi = kLargeScales ? e8m0_to_bf16x2(w.scale_hi) : tiny_scale_bf16x2(w.scale_hi);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 in pairs (i, i + 4), MMAs 2 j and 2 j + 1
       u32 lo[4], hi[4];
-      e2m1x8_to_tiny_bf16x2(o.lo.w[j], lo);
-      e2m1x8_to_tiny_bf16x2(o.hi.w[j], hi);
+      e2m1x8_to_tiny_bf16x2(w.lo.w[j], lo);
+      e2m1x8_to_tiny_bf16x2(w.hi.w[j], hi);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (large_scales) {
+        if (kLargeScales) {
           lo[i] = bf16x2_mul(lo[i], 0x7E807E80u);  // 2^126
           hi[i] = bf16x2_mul(hi[i], 0x7E807E80u);
         }
@@ -316,8 +348,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepOperands<
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
-        mma_16816<bf16>(acc, a, o.b[4 * j + 2 * i], o.b[4 * j + 2 * i + 1]);
+        const unsigned regs[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
+        mma_16816<bf16>(acc, regs, a.b[4 * j + 2 * i], a.b[4 * j + 2 * i + 1]);
       }
     }
   }
@@ -340,24 +372,25 @@ __device__ __forceinline__ int moe_group_warps(long long tiles, int pieces) {
 }
 
 // up (kUp) or down for every routed pair of the chunked list, as described above; `partials` is
-// shared memory for two rounds of every warp's accumulators. up's B is `x` (rows of H: the caller's
-// x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in MXFP4's k order for
-// MXFP4), y f32 (one row of H per pair).
+// shared memory for two rounds of every warp's accumulators, `ring` this warp's weight ring. up's
+// B is `x` (rows of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I
+// per pair, in MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, const bf16* x,
-                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4]) {
-  using Ops = MoeStepOperands<kFormat>;
+                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring) {
+  using Acts = MoeStepActivations<kFormat>;
+  constexpr int kStageBytes = MoeRing<kFormat>::kStageBytes, kStages = MoeRing<kFormat>::kStages;
   const int experts = p.num_experts, k = p.top_k;
   const int rows_k = kUp ? p.hidden : p.intermediate;  // K
-  const int pieces = rows_k / Ops::kPieceValues;
+  const int pieces = rows_k / Acts::kPieceValues;
   const int row_blocks = kUp ? p.intermediate / 8 : (p.hidden + kMoeTileRows - 1) / kMoeTileRows;
-  const long long tiles = static_cast<long long>(chunk_start[experts]) * row_blocks;
+  const int tiles = chunk_start[experts] * row_blocks;  // at most (T k / 8 + E) x 360 for GPT-OSS
   const int group_warps = moe_group_warps(tiles, pieces);
   const int warp_in_cta = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   const int group_in_cta = warp_in_cta / group_warps, warp_in_group = warp_in_cta % group_warps;
-  const long long groups = static_cast<long long>(gridDim.x) * (kMoeStreamWarps / group_warps);
+  const int groups = gridDim.x * (kMoeStreamWarps / group_warps);
   // Groups are numbered across the CTAs first, so that fewer tiles than groups still reach every SM.
-  const long long group = static_cast<long long>(group_in_cta) * gridDim.x + blockIdx.x;
+  const int group = group_in_cta * gridDim.x + blockIdx.x;
   const int steps = (pieces + 4 * group_warps - 1) / (4 * group_warps);
   const long long expert_stride = kUp ? p.w13_expert_stride : p.w2_expert_stride;
   const long long row_stride = kUp ? p.w13_row_stride : p.w2_row_stride;
@@ -369,8 +402,9 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 
   const int row_distance = kUp ? gate_up_rows<kLayout>(0, p.intermediate).up : 8;  // rows g + 8 and g of a tile
   const MoeRowDistance hi{row_distance * row_stride * row_bytes, row_distance * scale_row_stride};
-  // This lane's view of tile `tile` (the pair list was written by other CTAs: read through L2).
-  auto make_tile = [&](long long tile) {
+  // This lane's view of tile `tile`: its weight rows, then (with_pairs) its activation row and
+  // result columns (the pair list was written by other CTAs: read through L2).
+  auto make_tile = [&](int tile, bool with_pairs) {
     MoeMmaTile v;
     v.row_lo = weights;
     v.scale_lo = scales;
@@ -379,9 +413,9 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     v.out_pair[0] = v.out_pair[1] = -1;
     v.expert = v.row_block = 0;
     if (tile >= tiles) return v;
-    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, static_cast<int>(tile / row_blocks));
+    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, tile / row_blocks);
     v.expert = c.expert;
-    v.row_block = static_cast<int>(tile % row_blocks);
+    v.row_block = tile % row_blocks;
     int rows[2];
     if (kUp) {
       const GateUpRows unit_rows = gate_up_rows<kLayout>(8 * v.row_block + g, p.intermediate);
@@ -395,6 +429,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     if (kFormat == kWeightsMxfp4) v.scale_lo = scales + c.expert * scale_expert_stride + rows[0] * scale_row_stride;
     v.lo_valid = kUp || rows[0] < p.hidden;
     v.hi_valid = kUp || rows[1] < p.hidden;
+    if (!with_pairs) return v;
     const int b_pair = load_l2(&pairs[c.first + (g < c.count ? g : 0)]);
     v.b_row += kUp ? static_cast<long long>(b_pair / k) * x_row_stride : static_cast<long long>(b_pair) * p.intermediate;
 #pragma unroll
@@ -404,23 +439,56 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     return v;
   };
 
-  long long tile = group;
-  MoeMmaTile current = make_tile(tile), next = make_tile(tile + groups);
-  int round = 0;
-  Ops operands = load_step<kFormat, kUp>(current, hi, 4 * warp_in_group + t, pieces);
+  // The copy cursor runs kStages - 1 steps ahead of the MMAs, across tiles; each step
+  // commits one group of copies (an empty one past the last tile) so that waiting for all but the
+  // newest kStages - 1 groups waits for exactly the step about to compute.
+  int copy_tile = group;
+  MoeMmaTile copy_view = make_tile(copy_tile, false);
+  int copy_step = 0, copy_stage = 0;
+  auto copy_ahead = [&]() {
+    if (copy_tile < tiles) {
+      copy_step_weights<kFormat>(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * (warp_in_group + group_warps * copy_step) + t, pieces);
+      if (++copy_step == steps) {
+        copy_step = 0;
+        copy_tile += groups;
+        copy_view = make_tile(copy_tile, false);
+      }
+    }
+    commit_copies();
+    copy_stage = copy_stage + 1 == kStages ? 0 : copy_stage + 1;
+  };
+#pragma unroll
+  for (int i = 0; i + 1 < kStages; ++i) copy_ahead();
+
+  int tile = group;
+  MoeMmaTile current = make_tile(tile, true), next = make_tile(tile + groups, true);
+  int round = 0, stage = 0;
+  Acts acts = load_step_activations<kFormat, kUp>(current, 4 * warp_in_group + t, pieces);
+  auto compute_step = [&](float (&acc)[4], int step) {
+    copy_ahead();
+    wait_copies<kStages - 1>();
+    const int piece = 4 * (warp_in_group + group_warps * step) + t;
+    const MoeStepWeights w = read_step_weights<kFormat>(ring + stage * kStageBytes, lane, current, hi, piece);
+    if (kFormat == kWeightsMxfp4 && __any_sync(0xffffffffu, max(w.scale_lo, w.scale_hi) > 128u)) {
+      mma_step<kFormat, true>(acc, w, acts);
+    } else {
+      mma_step<kFormat, false>(acc, w, acts);
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  };
   while (tile < tiles) {
-    // Each step loads the following one's operands before it computes; the last loads the next
-    // tile's first.
+    // Each step loads the following one's activations before it computes; the last loads the
+    // next tile's first.
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int step = 1; step < steps; ++step) {
-      const Ops ahead = load_step<kFormat, kUp>(current, hi, 4 * (warp_in_group + group_warps * step) + t, pieces);
-      mma_step<kFormat>(acc, operands);
-      operands = ahead;
+    for (int step = 0; step + 1 < steps; ++step) {
+      const Acts ahead = load_step_activations<kFormat, kUp>(current, 4 * (warp_in_group + group_warps * (step + 1)) + t, pieces);
+      compute_step(acc, step);
+      acts = ahead;
     }
     {
-      const Ops ahead = load_step<kFormat, kUp>(next, hi, 4 * warp_in_group + t, pieces);
-      mma_step<kFormat>(acc, operands);
-      operands = ahead;
+      const Acts ahead = load_step_activations<kFormat, kUp>(next, 4 * warp_in_group + t, pieces);
+      compute_step(acc, steps - 1);
+      acts = ahead;
     }
 
     // The tile's sums over the group's warps (two rounds of buffers: a warp may write the next
@@ -463,8 +531,9 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     }
     tile += groups;
     current = next;
-    next = make_tile(tile + groups);
+    next = make_tile(tile + groups, true);
   }
+  wait_copies<0>();  // only empty groups remain; the ring is reused by the next phase
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
@@ -495,13 +564,13 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     const int per_row = p.hidden / 8;
     for (long long i = thread; i < static_cast<long long>(p.num_tokens) * per_row; i += threads) {
       const long long t = i / per_row, c = i % per_row;
-      const Words4 v = load_readonly16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c);
-      Words4 r;  // (x0, x4) (x1, x5) (x2, x6) (x3, x7)
+      const Bf16x8 v = load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c);
+      Bf16x8 r;  // (x0, x4) (x1, x5) (x2, x6) (x3, x7)
       r.w[0] = byte_permute(v.w[0], v.w[2], 0x5410u);
       r.w[1] = byte_permute(v.w[0], v.w[2], 0x7632u);
       r.w[2] = byte_permute(v.w[1], v.w[3], 0x5410u);
       r.w[3] = byte_permute(v.w[1], v.w[3], 0x7632u);
-      *reinterpret_cast<Words4*>(x_reordered + t * p.hidden + 8 * c) = r;
+      *reinterpret_cast<Bf16x8*>(x_reordered + t * p.hidden + 8 * c) = r;
     }
   }
   grid_barrier(&barriers[0]);
@@ -556,15 +625,16 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   }
   grid_barrier(&barriers[1]);
 
+  // The launch gives the dynamic shared memory of the grouped GEMMs when the token count pays for
+  // them (src/kernels/moe_stream.cpp), else the weight rings of the streaming phases (smaller).
   bool tensor_cores = false;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // The launch gives the dynamic shared memory of the grouped GEMMs when the token count pays for
-  // them (src/kernels/moe_stream.cpp); the pipelined tiles need 128-byte-aligned rows of K.
   unsigned dynamic_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
   tensor_cores = kFormat == kWeightsBf16 && dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES;
   if (tensor_cores) {
-    extern __shared__ unsigned char moe_dynamic[];
+    // The pipelined tiles need 1024-byte-aligned stages (the swizzle atoms).
+    extern __shared__ __align__(16) unsigned char moe_dynamic[];
     unsigned char* stages = moe_dynamic + ((1024 - (shared_address(moe_dynamic) & 1023)) & 1023);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
@@ -578,9 +648,11 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     bf16* act16 = reinterpret_cast<bf16*>(act);
     const bf16* x = kFormat == kWeightsMxfp4 ? x_reordered : static_cast<const bf16*>(p.x);
     const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials);
+    extern __shared__ __align__(16) unsigned char moe_dynamic[];
+    const unsigned ring = shared_address(moe_dynamic) + (threadIdx.x / kWarp) * MoeRing<kFormat>::kStages * MoeRing<kFormat>::kStageBytes;
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials, ring);
     grid_barrier(&barriers[2]);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials);
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials, ring);
   }
   grid_barrier(&barriers[3]);
 

@@ -47,15 +47,17 @@ KernelSpec moe_stream_spec() {
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
   };
-  // One CTA of 512 threads per SM (at most 128 registers each, 3 KB of static shared memory),
-  // all resident: the cooperative launch fails rather than deadlock when they are not. The
-  // dynamic shared memory, when given, selects the grouped-GEMM phases.
+  // One CTA of 512 threads per SM (at most 128 registers each, about 20 KB of static shared
+  // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
+  // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
+  // selects them) and the streaming phases' weight rings elsewhere (64 KB bf16, 80 KB MXFP4).
   spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
     shape.block[0] = kThreads;
     shape.cooperative = true;
-    if (use_grouped_gemm(*static_cast<const KilnMoeParams*>(params), platform)) shape.dynamic_shared_bytes = KILN_MOE_GEMM_SHARED_BYTES;
+    const auto& p = *static_cast<const KilnMoeParams*>(params);
+    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : KILN_MOE_RING_BYTES(p.w13_scale != nullptr);
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {
