@@ -12,13 +12,13 @@
 // An expert's weights are read once per chunk of 8 tokens routed to it: exactly once at decode
 // sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
 // down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
-// Weights are read 16 bytes per lane (8 bf16, or 32 e2m1 values that share one e8m0 scale) into a
-// per-warp ring in shared memory, two (MXFP4) or three (bf16) steps ahead. act is stored as bf16 on both paths (the down
+// Weights are read 16 bytes per lane: 8 bf16 one step ahead into registers, or 32 e2m1 values that
+// share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as bf16 on both paths (the down
 // GEMM's operand), y as f32 here and bf16 on the GEMMs. Device-resident topk_ids outside [0, E)
 // contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases,
-// KILN_MOE_RING_BYTES(mxfp4) the streaming ones.
+// KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
 #pragma once
 
 #include "common/mma_sm80.cuh"
@@ -194,19 +194,14 @@ struct MoeStepActivations {
   u32 b[kPieceValues / 2];
 };
 
-// The weights reach shared memory through cp.async, MoeRing::kStages - 1 steps ahead of the MMAs:
-// one step's loads alone leave too few bytes in flight to cover DRAM latency. Every warp has its
-// own ring and every lane reads back only what it copied, so no barrier is needed. A stage holds
-// the warp's 2 x 32 x 16 bytes of rows, then (MXFP4) per lane the aligned words holding its two
-// scale bytes (cp.async copies 4, 8 or 16 bytes).
-enum { kMoeRingRowBytes = 2 * kWarp * 16 };
-template <int kFormat>
-struct MoeRing {
-  enum {
-    kStages = KILN_MOE_RING_STAGES(kFormat == kWeightsMxfp4),
-    kStageBytes = kMoeRingRowBytes + (kFormat == kWeightsMxfp4 ? kWarp * 8 : 0),
-  };
-};
+// MXFP4 weights reach shared memory through cp.async, KILN_MOE_RING_STAGES - 1 steps ahead of the
+// MMAs: loading one step ahead into registers left too few bytes in flight (on an H200, T = 1 took
+// 58 us that way, 53 with the ring). Every warp has its own ring and every lane reads back only
+// what it copied, so no barrier is needed. A stage holds the warp's 2 x 32 x 16 bytes of rows, then
+// per lane the aligned words holding its two scale bytes (cp.async copies 4, 8 or 16 bytes). bf16
+// weights are loaded one step ahead into registers: through the ring they were slower (T = 1 on
+// an H200: 0.096 ms against 0.089).
+enum { kMoeRingRowBytes = 2 * kWarp * 16, kMoeRingStages = KILN_MOE_RING_STAGES, kMoeRingStageBytes = kMoeRingRowBytes + kWarp * 8 };
 
 // Where one lane reads a tile's operands, and where its results go. The tile's second weight row
 // (and its scales) sits a fixed distance after the first, the same for every tile of a phase
@@ -260,6 +255,24 @@ __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, cons
     copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
     copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
   }
+}
+// 16 read-only bytes, or zeros when `valid` is false (the load is then not issued).
+__device__ __forceinline__ Bf16x8 load16_or_zero(const void* p, bool valid) {
+  Bf16x8 v;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+               "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p), "r"(static_cast<int>(valid)));
+  return v;
+}
+// bf16 weights of one step straight into registers.
+__device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
+  MoeStepWeights w;
+  const bool valid = piece < pieces;
+  w.lo = load16_or_zero(tile.row_lo + 16 * piece, valid && tile.lo_valid);
+  w.hi = load16_or_zero(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
+  w.scale_lo = w.scale_hi = 0u;
+  return w;
 }
 template <int kFormat>
 __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece) {
@@ -379,7 +392,8 @@ template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int 
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, const bf16* x,
                               long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring) {
   using Acts = MoeStepActivations<kFormat>;
-  constexpr int kStageBytes = MoeRing<kFormat>::kStageBytes, kStages = MoeRing<kFormat>::kStages;
+  constexpr bool kRing = kFormat == kWeightsMxfp4;
+  constexpr int kStages = kMoeRingStages, kStageBytes = kMoeRingStageBytes;
   const int experts = p.num_experts, k = p.top_k;
   const int rows_k = kUp ? p.hidden : p.intermediate;  // K
   const int pieces = rows_k / Acts::kPieceValues;
@@ -457,39 +471,43 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     commit_copies();
     copy_stage = copy_stage + 1 == kStages ? 0 : copy_stage + 1;
   };
+  if (kRing) {
 #pragma unroll
-  for (int i = 0; i + 1 < kStages; ++i) copy_ahead();
+    for (int i = 0; i + 1 < kStages; ++i) copy_ahead();
+  }
 
   int tile = group;
   MoeMmaTile current = make_tile(tile, true), next = make_tile(tile + groups, true);
   int round = 0, stage = 0;
-  Acts acts = load_step_activations<kFormat, kUp>(current, 4 * warp_in_group + t, pieces);
-  auto compute_step = [&](float (&acc)[4], int step) {
-    copy_ahead();
-    wait_copies<kStages - 1>();
-    const int piece = 4 * (warp_in_group + group_warps * step) + t;
-    const MoeStepWeights w = read_step_weights<kFormat>(ring + stage * kStageBytes, lane, current, hi, piece);
+  const int first_piece = 4 * warp_in_group + t;
+  Acts acts = load_step_activations<kFormat, kUp>(current, first_piece, pieces);
+  MoeStepWeights loaded;  // bf16: this step's weights, loaded one step ahead
+  if (!kRing) loaded = load_step_weights(current, hi, first_piece, pieces);
+  // One step: loads the following step's activations (and bf16 weights) from `ahead_tile` first.
+  auto compute_step = [&](float (&acc)[4], int step, const MoeMmaTile& ahead_tile, int ahead_piece) {
+    const Acts acts_ahead = load_step_activations<kFormat, kUp>(ahead_tile, ahead_piece, pieces);
+    MoeStepWeights w;
+    if (kRing) {
+      copy_ahead();
+      wait_copies<kStages - 1>();
+      w = read_step_weights<kFormat>(ring + stage * kStageBytes, lane, current, hi, 4 * (warp_in_group + group_warps * step) + t);
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    } else {
+      w = loaded;
+      loaded = load_step_weights(ahead_tile, hi, ahead_piece, pieces);
+    }
     if (kFormat == kWeightsMxfp4 && __any_sync(0xffffffffu, max(w.scale_lo, w.scale_hi) > 128u)) {
       mma_step<kFormat, true>(acc, w, acts);
     } else {
       mma_step<kFormat, false>(acc, w, acts);
     }
-    stage = stage + 1 == kStages ? 0 : stage + 1;
+    acts = acts_ahead;
   };
   while (tile < tiles) {
-    // Each step loads the following one's activations before it computes; the last loads the
-    // next tile's first.
+    // The last step loads the next tile's first.
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int step = 0; step + 1 < steps; ++step) {
-      const Acts ahead = load_step_activations<kFormat, kUp>(current, 4 * (warp_in_group + group_warps * (step + 1)) + t, pieces);
-      compute_step(acc, step);
-      acts = ahead;
-    }
-    {
-      const Acts ahead = load_step_activations<kFormat, kUp>(next, 4 * warp_in_group + t, pieces);
-      compute_step(acc, steps - 1);
-      acts = ahead;
-    }
+    for (int step = 0; step + 1 < steps; ++step) compute_step(acc, step, current, 4 * (warp_in_group + group_warps * (step + 1)) + t);
+    compute_step(acc, steps - 1, next, first_piece);
 
     // The tile's sums over the group's warps (two rounds of buffers: a warp may write the next
     // round's while the first warp still reads this one's), then the epilogue by its first warp.
@@ -533,7 +551,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     current = next;
     next = make_tile(tile + groups, true);
   }
-  wait_copies<0>();  // only empty groups remain; the ring is reused by the next phase
+  if (kRing) wait_copies<0>();  // only empty groups remain; the ring is reused by the next phase
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
@@ -649,7 +667,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     const bf16* x = kFormat == kWeightsMxfp4 ? x_reordered : static_cast<const bf16*>(p.x);
     const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;
     extern __shared__ __align__(16) unsigned char moe_dynamic[];
-    const unsigned ring = shared_address(moe_dynamic) + (threadIdx.x / kWarp) * MoeRing<kFormat>::kStages * MoeRing<kFormat>::kStageBytes;
+    const unsigned ring = shared_address(moe_dynamic) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;  // MXFP4
     moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials, ring);
     grid_barrier(&barriers[2]);
     moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, pairs, x, x_row_stride, act16, y, partials, ring);

@@ -26,12 +26,12 @@
 // bf16, plus 1 KB to align the swizzle atoms). They write act and y as bf16 into their regions.
 #define KILN_MOE_GEMM_ROWS 128
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
-// The streaming phases' dynamic shared memory: per warp (16) a ring of stages of 32 lanes x 2 x 16
-// bytes of weight rows, plus 32 x 8 bytes of scale words for MXFP4 (moe_stream.cuh, MoeRing): 64 KB
-// for bf16, 60 KB for MXFP4, which beside the 20 KB of static shared memory fit the 99 KB of
-// sm_86, sm_89 and sm_120 (four MXFP4 stages would not).
-#define KILN_MOE_RING_STAGES(mxfp4) ((mxfp4) ? 3 : 4)
-#define KILN_MOE_RING_BYTES(mxfp4) (16 * KILN_MOE_RING_STAGES(mxfp4) * (1024 + ((mxfp4) ? 256 : 0)))
+// The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
+// of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (moe_stream.cuh): 60 KB,
+// which beside the 20 KB of static shared memory fits the 99 KB of sm_86, sm_89 and sm_120 (four
+// stages would not).
+#define KILN_MOE_RING_STAGES 3
+#define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256))
 
 struct KilnMoeStreamWorkspace {
   long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;

@@ -50,14 +50,15 @@ KernelSpec moe_stream_spec() {
   // One CTA of 512 threads per SM (at most 128 registers each, about 20 KB of static shared
   // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
   // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
-  // selects them) and the streaming phases' weight rings elsewhere (64 KB bf16, 80 KB MXFP4).
+  // selects them) and the MXFP4 weight rings of the streaming phases (60 KB); none otherwise.
   spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
     shape.block[0] = kThreads;
     shape.cooperative = true;
     const auto& p = *static_cast<const KilnMoeParams*>(params);
-    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : KILN_MOE_RING_BYTES(p.w13_scale != nullptr);
+    if (use_grouped_gemm(p, platform)) shape.dynamic_shared_bytes = KILN_MOE_GEMM_SHARED_BYTES;
+    if (p.w13_scale != nullptr) shape.dynamic_shared_bytes = KILN_MOE_RING_BYTES;  // MXFP4
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {
