@@ -101,8 +101,9 @@ struct MhaDecodeArgs {
 //   weights, H and I multiples of 64 and at least 16 routed (token, slot) pairs, they are grouped
 //   GEMMs that also round each expert's output (bias included) to bf16 before the weighted sum,
 //   as a pipeline of bf16 grouped GEMMs does; elsewhere that output stays f32. MXFP4 values are
-//   multiplied by their scale in bf16: exact, except that products beyond bf16's range (scales of
-//   2^126 and above) become infinite.
+//   multiplied by their scale in bf16, exactly: every e2m1 value times every e8m0 scale is a bf16
+//   or beyond even f32's range (then infinite), and scale 0xFF gives NaN (checked bit for bit on
+//   the GPU).
 enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
 enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
 enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };
