@@ -13,9 +13,9 @@
 // sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
 // down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
 // Weights are read 16 bytes per lane: 8 bf16 one step ahead into registers, or 32 e2m1 values that
-// share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as bf16 on both paths (the down
-// GEMM's operand), y as f32 here and bf16 on the GEMMs. Device-resident topk_ids outside [0, E)
-// contribute nothing (the host cannot check them).
+// share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as
+// bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
+// Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases,
 // KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
@@ -181,8 +181,7 @@ __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int
 // workspace (x_reordered) and act is written in it.
 enum { kMoeTileRows = 16, kMoeMaxGroupWarps = 16 };
 
-// A lane's weights of one step, read back from its ring slot: 16 bytes of rows g and g + 8, and
-// (MXFP4) their e8m0 scale bits.
+// A lane's weights of one step: 16 bytes of rows g and g + 8, and (MXFP4) their e8m0 scale bits.
 struct MoeStepWeights {
   Bf16x8 lo, hi;
   u32 scale_lo, scale_hi;
@@ -243,18 +242,15 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return r;
 }
 
-// Copies one step's weights of `tile` (piece `piece` of rows g and g + 8) into a ring stage (its
-// shared-window address).
-template <int kFormat>
+// Copies one step's MXFP4 weights of `tile` (piece `piece` of rows g and g + 8, and their scales)
+// into a ring stage (its shared-window address).
 __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
   const bool valid = piece < pieces;
   copy16_async_or_zero(stage + 16 * lane, tile.row_lo + 16 * piece, valid && tile.lo_valid);
   copy16_async_or_zero(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
-  if (kFormat == kWeightsMxfp4) {
-    const u8* scale = tile.scale_lo + piece;
-    copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
-    copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
-  }
+  const u8* scale = tile.scale_lo + piece;
+  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
+  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
 }
 // 16 read-only bytes, or zeros when `valid` is false (the load is then not issued).
 __device__ __forceinline__ Bf16x8 load16_or_zero(const void* p, bool valid) {
@@ -274,19 +270,16 @@ __device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& ti
   w.scale_lo = w.scale_hi = 0u;
   return w;
 }
-template <int kFormat>
+// The MXFP4 weights of one step back from this lane's ring slot.
 __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece) {
   MoeStepWeights w;
   w.lo = load16_shared(stage + 16 * lane);
   w.hi = load16_shared(stage + kWarp * 16 + 16 * lane);
-  w.scale_lo = w.scale_hi = 0u;
-  if (kFormat == kWeightsMxfp4) {
-    u32 words[2];
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(words[0]), "=r"(words[1]) : "r"(stage + kMoeRingRowBytes + 8 * lane));
-    const u8* scale = tile.scale_lo + piece;
-    w.scale_lo = byte_of_word(words[0], scale);
-    w.scale_hi = byte_of_word(words[1], scale + hi.scales);
-  }
+  u32 words[2];
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(words[0]), "=r"(words[1]) : "r"(stage + kMoeRingRowBytes + 8 * lane));
+  const u8* scale = tile.scale_lo + piece;
+  w.scale_lo = byte_of_word(words[0], scale);
+  w.scale_hi = byte_of_word(words[1], scale + hi.scales);
   return w;
 }
 
@@ -461,7 +454,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   int copy_step = 0, copy_stage = 0;
   auto copy_ahead = [&]() {
     if (copy_tile < tiles) {
-      copy_step_weights<kFormat>(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * (warp_in_group + group_warps * copy_step) + t, pieces);
+      copy_step_weights(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * (warp_in_group + group_warps * copy_step) + t, pieces);
       if (++copy_step == steps) {
         copy_step = 0;
         copy_tile += groups;
@@ -490,7 +483,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     if (kRing) {
       copy_ahead();
       wait_copies<kStages - 1>();
-      w = read_step_weights<kFormat>(ring + stage * kStageBytes, lane, current, hi, 4 * (warp_in_group + group_warps * step) + t);
+      w = read_step_weights(ring + stage * kStageBytes, lane, current, hi, 4 * (warp_in_group + group_warps * step) + t);
       stage = stage + 1 == kStages ? 0 : stage + 1;
     } else {
       w = loaded;
