@@ -334,6 +334,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
+    ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
     ap.add_argument("--moe-weights", choices=["bf16", "mxfp4"], help="only the MoE rows of this weight format")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     args = ap.parse_args()
@@ -352,6 +353,8 @@ def main():
         ("(c) window 128 S=16384", 1, 16384, 64, 8, 64, True, 128, True),
     ]
     for c in cases if args.only in (None, "prefill") else []:
+        if args.prefill_cases and c[0][1] not in args.prefill_cases:
+            continue
         rows.append(prefill_case(kiln, *c, l2=l2, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)
     for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),

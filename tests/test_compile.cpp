@@ -32,6 +32,8 @@ std::vector<Signature> representative_signatures() {
       for (const char* kv : {dtype, "e4m3"}) out.push_back(test::decode_signature(dtype, kv, d, 8));
     }
   }
+  // GPT-OSS's sliding-window layers, for the kernels that take only windows.
+  out.push_back(test::prefill_signature("bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
   for (const char* weights : {"bf16", "mxfp4"}) {
     out.push_back(test::moe_signature(weights, 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   }

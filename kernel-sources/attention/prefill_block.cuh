@@ -8,7 +8,7 @@
 namespace kiln {
 
 struct PrefillQueryBlock {
-  int head, kv_head;       // query head (blockIdx.y) and the KV head it reads
+  int head, kv_head;       // the block's first query head and the KV head it reads
   int q_begin, len_q;      // the sequence's queries in the packed q: [q_begin, q_begin + len_q)
   int k_begin, len_k;      // its keys in the packed k and v
   int q0;                  // first query row of the block, relative to the sequence
@@ -17,12 +17,14 @@ struct PrefillQueryBlock {
   int key_start, key_end;  // keys any row of the block can see: [key_start, key_end)
 };
 
-// Grid (query blocks, Hq, batch), blocks taken last-first so that under causal masking the longest
-// rows start first. The block is empty when q0 >= len_q (a shorter sequence of the batch).
-__device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefillParams& p, int block_rows) {
+// Grid (query blocks, Hq / heads_per_block, batch): a block owns `block_rows` query positions of
+// `heads_per_block` consecutive query heads (all reading one KV head). Blocks are taken last-first
+// so that under causal masking the longest rows start first. The block is empty when q0 >= len_q
+// (a shorter sequence of the batch).
+__device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefillParams& p, int block_rows, int heads_per_block = 1) {
   PrefillQueryBlock blk;
   const int b = blockIdx.z;
-  blk.head = blockIdx.y;
+  blk.head = blockIdx.y * heads_per_block;
   blk.kv_head = blk.head / (p.num_heads_q / p.num_heads_kv);
   blk.q_begin = p.cu_seqlens_q[b];
   blk.len_q = p.cu_seqlens_q[b + 1] - blk.q_begin;

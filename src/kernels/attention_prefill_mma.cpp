@@ -1,5 +1,6 @@
 // Registration of the tensor-core prefill kernels: the portable one on mma.sync, ldmatrix and
-// cp.async (kernel-sources/attention/prefill_mma_sm80.cuh, every NVIDIA GPU from sm_80 on), and the
+// cp.async (kernel-sources/attention/prefill_mma_sm80.cuh, every NVIDIA GPU from sm_80 on), the
+// same source packing the query heads of a KV head into one CTA for sliding windows, and the
 // Hopper one on wgmma (prefill_wgmma_sm90.cuh, sm_90a only: wgmma exists on no other arch).
 #include <fmt/format.h>
 
@@ -11,20 +12,31 @@
 namespace kiln {
 namespace {
 
-// What differs between the two kernels; the signature checks and the grid rule are shared.
+// What differs between the three kernels; the signature checks and the grid rule are shared.
 struct PrefillKernel {
   const char* name;
   const char* source;
-  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap>
+  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap[, warps, heads]>
   Priority priority;
+  bool windows_only;   // accepts only signatures with a window
+  int warps;           // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
+  bool packs_heads;    // CTAs own packed_heads(group, warps) query heads (else one)
   int min_arch;
   std::vector<std::string> features;
-  int block_rows_d64;  // query rows per CTA at head_dim 64, and at 128; two threads per row
+  int block_rows_d64;  // wgmma: query rows per CTA at head_dim 64, and at 128; two threads per row
   int block_rows_d128;
   int key_rows;        // rows of each K and V tile
   int stages;          // K and V tile pairs in shared memory
   uint32_t alignment;  // slack added to shared memory to align the tiles
 };
+
+// Query heads per CTA of the packing kernel: the largest power of two up to `warps` dividing the
+// group, so a CTA's heads read one KV head and its warps split evenly between them.
+int packed_heads(int64_t group, int warps) {
+  int heads = warps;
+  while (group % heads != 0) heads /= 2;
+  return heads;
+}
 
 KernelSpec prefill_kernel(const PrefillKernel& k) {
   KernelSpec spec;
@@ -32,29 +44,33 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.family = kFamilyAttention;
   spec.mode = kModePrefill;
   spec.priority = k.priority;
-  spec.specificity = 2;
+  spec.specificity = k.windows_only ? 3 : 2;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = k.min_arch;
   spec.requirements.features = k.features;
   spec.source = k.source;
-  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
+  const bool windows_only = k.windows_only;
+  spec.accepts = [windows_only](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
+    if (windows_only && !sig.get_flag("window")) return std::string("only for sliding windows (window=1)");
     return detail::check_head_dim_64_or_128(sig);
   };
-  const std::string entry = k.entry;
-  spec.specialize = [entry](const Signature& sig, const Platform&) {
-    return Specialization{
-        fmt::format("kiln::{}<kiln::{}, {}, {}>", entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0), {}};
+  spec.specialize = [k](const Signature& sig, const Platform&) {
+    std::string expression = fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
+    if (k.warps > 0) expression += fmt::format(", {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1);
+    return Specialization{expression + ">", {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
-    const int rows = p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
+    const int heads = k.packs_heads ? packed_heads(p.num_heads_q / p.num_heads_kv, k.warps) : 1;
+    const int rows = k.warps > 0 ? 16 * k.warps : p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
+    const int positions = rows / heads;
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + rows - 1) / rows);
-    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
+    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + positions - 1) / positions);
+    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q / heads);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(2 * rows);
-    // The Q tile plus the stages of K and V tiles, 16-bit elements.
+    // The Q rows plus the stages of K and V tiles, 16-bit elements.
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
@@ -68,13 +84,22 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
 }  // namespace
 
 KILN_REGISTER_KERNEL(attention_prefill_mma) {
-  return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, 80,
-                         {"mma:mma_sync", "memory:cp_async"}, 64, 64, 64, 2, 0});
+  return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, false, 4,
+                         false, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 64, 2, 0});
+}
+
+// Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's key
+// band is the window plus 16 positions (GPT-OSS). It wins every windowed signature on every
+// NVIDIA GPU, Hopper included, since the signature does not carry the window's width; a window
+// of thousands of keys would run faster on the wgmma kernel.
+KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
+  return prefill_kernel({"attention.prefill.mma_window", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kSpecialized,
+                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 64, 2, 0});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
-  return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, 90,
-                         {"mma:wgmma", "memory:cp_async"}, 192, 128, 128, 3, 1024});
+  return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, false,
+                         0, false, 90, {"mma:wgmma", "memory:cp_async"}, 192, 128, 128, 3, 1024});
 }
 
 }  // namespace kiln

@@ -123,7 +123,8 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
 }
 
 // Every case runs on each prefill kernel that accepts it: the Hopper wgmma kernel (the device is an
-// H100 or H200), the portable tensor-core kernel and the reference.
+// H100 or H200), the portable tensor-core kernel, its head-packing form for windows and the
+// reference.
 TEST_F(Gpu, PrefillKernelsMatchFloat64) {
   const std::vector<int> ragged_q = {0, 1, 37, 130}, ragged_k = {5, 1, 70, 130};
   const std::vector<PrefillCase> cases = {
@@ -142,16 +143,22 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
       {DType::kBF16, 64, 8, 1, {333}, {1200}, false, 200, false, 50.0f},  // window without causal, softcap
       // Many 128-row and 128-key blocks at head_dim 128: window tiles skipped, sinks.
       {DType::kBF16, 128, 8, 2, {1500, 260}, {1500, 260}, true, 300, true, 0},
+      // The head-packing window kernel: one head per CTA (128 positions), two CTAs per KV head
+      // (group 16), groups that are not powers of two, fewer queries than keys.
+      {DType::kBF16, 128, 4, 4, {0, 1, 300, 77}, {3, 1, 300, 200}, true, 100, true, 0},
+      {DType::kBF16, 64, 32, 2, {517, 16, 15}, {517, 16, 15}, true, 128, true, 0},
+      {DType::kF16, 64, 12, 2, {129, 260}, {129, 400}, false, 64, false, 0},
+      {DType::kBF16, 128, 6, 1, {250, 33}, {250, 40}, true, 47, true, 20.0f},
   };
   const OperatorId prefill{kFamilyAttention, kModePrefill};
-  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.mma", "attention.prefill.reference"}) {
+  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.mma", "attention.prefill.mma_window", "attention.prefill.reference"}) {
     Registry::global().set_override(prefill, kernel);
     int ran = 0;
     for (const auto& c : cases) {
       Signature sig({kFamilyAttention, kModePrefill});
       sig.set("dtype", dtype_name(c.dtype)).set("head_dim", int64_t{c.d}).set("group", int64_t{c.hq / c.hkv});
-      sig.set_flag("causal", c.causal);
-      for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
+      sig.set_flag("causal", c.causal).set_flag("window", c.window >= 0).set_flag("sinks", c.sinks);
+      sig.set_flag("softcap", c.softcap > 0).set_flag("lse", true);
       if (Registry::global().find(kernel)->accepts(sig)) continue;  // this kernel does not run this case
       SCOPED_TRACE(kernel);
       run_prefill(rng, c);
