@@ -1,24 +1,25 @@
 // Prefill attention on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; sm_80 and newer), in
 // the FlashAttention-2 manner: each warp owns 16 query rows of one head (Q fragments held in
-// registers) and walks 64-key blocks of K and V, double-buffered in shared memory by cp.async;
-// it computes S = Q K^T, one online-softmax step per row and block, and O += P V, with P taken
-// straight from S's accumulators. Shared-memory rows are 16-byte chunks XOR-swizzled by row
+// registers) and walks blocks of kBlockK keys of K and V, double-buffered in shared memory by
+// cp.async; it computes S = Q K^T, one online-softmax step per row and block, and O += P V, with P
+// taken straight from S's accumulators. Shared-memory rows are 16-byte chunks XOR-swizzled by row
 // (chunk ^ row % 8), so ldmatrix reads are conflict-free.
 //
 // A CTA of kWarps warps owns kHeadsPerCta consecutive query heads of one KV head, each over
 // 16 * kWarps / kHeadsPerCta query positions; its warps share every K and V tile. One head per
-// CTA (64 positions, 4 warps) is the general kernel; several heads over few positions suit
-// sliding windows: with 4 heads of a GPT-OSS KV head over 16 positions, a 128-key window needs
-// 144 keys per CTA instead of 192 for 64 positions of one head. Three CTAs per SM at head_dim 64
-// (two at 128) hide one CTA's first loads behind the others' MMAs.
+// CTA (64 positions, 4 warps, 64-key blocks) is the general kernel. Several heads over few
+// positions suit sliding windows: with 4 heads of a GPT-OSS KV head over 16 positions, a 128-key
+// window needs 144 keys per CTA, three 48-key blocks, instead of 192 for 64 positions of one head.
+// Key blocks start at the CTA's first visible key, so a window's band is not widened to a block
+// boundary. Three CTAs per SM at head_dim 64 (two at 128) hide one CTA's first loads behind the
+// others' MMAs.
 //
-// Key blocks start at the CTA's first visible key, so a window's band is not widened to 64-key
-// alignment; a warp skips 16-key chunks of a block that none of its rows sees, and blocks it sees
-// nothing of. Only blocks on a band edge or past the end are masked. Query blocks are visited
-// last-first, so under causal masking the longest ones start first.
+// Blocks wholly outside the causal or window band are skipped, not masked; only blocks on a band
+// edge or past the end are masked. Query blocks are visited last-first, so under causal masking
+// the longest ones start first.
 // Launch: grid (ceil(max_seqlen_q / positions), Hq / kHeadsPerCta, batch), block 32 * kWarps,
-// dynamic shared memory (16 kWarps + 2 x 2 x 64) x head_dim x 2 bytes: the Q rows plus two stages
-// of K and V tiles.
+// dynamic shared memory (16 kWarps + 2 x 2 x kBlockK) x head_dim x 2 bytes: the Q rows plus two
+// stages of K and V tiles.
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -30,21 +31,22 @@
 namespace kiln {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
-__device__ __forceinline__ int swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
+__device__ __forceinline__ unsigned swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
 
-template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta>
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK>
 __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_mma_sm80(const KilnPrefillParams p) {
   static_assert(kWarps % kHeadsPerCta == 0, "each head gets whole warps");
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
-  constexpr int kBlockK = 64;
   constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;        // k-steps of Q K^T
   constexpr int kDTiles = kHeadDim / 8;         // n-tiles of O
   constexpr int kKeyTiles = kBlockK / 8;        // n-tiles of S
-  constexpr int kTileBytes = kBlockK * kHeadDim * 2;
+  constexpr int kRowBytes = kHeadDim * 2, kTileBytes = kBlockK * kRowBytes;
+  constexpr int kCopyRows = kThreads / kChunks;  // rows of a K or V tile one pass of the CTA copies
+  static_assert(kBlockK % 16 == 0 && kBlockK % kCopyRows == 0 && kCopyRows % 8 == 0, "whole copies, one swizzle phase per thread");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  unsigned char* const q_tile = shared_bytes;  // row 16 w + r: warp w's row r
-  unsigned char* const kv_tiles = shared_bytes + kRows * kHeadDim * 2;  // [stage][K | V]
+  const unsigned q_tile = shared_address(shared_bytes);  // row 16 w + r: warp w's row r
+  const unsigned kv_tiles = q_tile + kRows * kRowBytes;   // [stage][K | V]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -69,19 +71,25 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
   }
   commit_copies();
 
+  // K and V of key block `block` into `stage`: the thread copies chunk `copy_chunk` of rows
+  // copy_row + j kCopyRows, whose swizzled offsets differ by whole rows. Keys no row of the CTA
+  // sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
   const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
   const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
-  // K and V of key block `block` into `stage`; keys no row of the CTA sees zero-filled (P is 0
-  // there, and 0 * garbage could be NaN).
+  const int copy_row = threadIdx.x / kChunks, copy_chunk = threadIdx.x % kChunks;
+  const unsigned copy_offset = swizzled(copy_row, copy_chunk, kChunks);
   auto issue = [&](int block, int stage) {
-    unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
-    unsigned char* v_tile = k_tile + kTileBytes;
-    for (int i = threadIdx.x; i < kBlockK * kChunks; i += kThreads) {
-      const int row = i / kChunks, chunk = i % kChunks, key = blk.key_start + block * kBlockK + row;
-      const bool valid = key < blk.key_end;
-      const int at = valid ? key : 0;
-      copy16_async_or_zero(k_tile + swizzled(row, chunk, kChunks), k_rows + at * p.k_row_stride + chunk * 8, valid);
-      copy16_async_or_zero(v_tile + swizzled(row, chunk, kChunks), v_rows + at * p.v_row_stride + chunk * 8, valid);
+    const int key = blk.key_start + block * kBlockK + copy_row;
+    const T* k_src = k_rows + key * p.k_row_stride + copy_chunk * 8;
+    const T* v_src = v_rows + key * p.v_row_stride + copy_chunk * 8;
+    const unsigned k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
+#pragma unroll
+    for (int j = 0; j < kBlockK / kCopyRows; ++j) {
+      const bool valid = key + j * kCopyRows < blk.key_end;
+      copy16_async_or_zero(k_tile + j * kCopyRows * kRowBytes, valid ? k_src : k_rows, valid);
+      copy16_async_or_zero(k_tile + kTileBytes + j * kCopyRows * kRowBytes, valid ? v_src : v_rows, valid);
+      k_src += kCopyRows * p.k_row_stride;
+      v_src += kCopyRows * p.v_row_stride;
     }
     commit_copies();
   };
@@ -96,6 +104,13 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
     const int mi = lane >> 3, row = warp * 16 + (mi & 1) * 8 + (lane & 7), chunk = ks * 2 + (mi >> 1);
     ldmatrix_x4(qa[ks], q_tile + swizzled(row, chunk, kChunks));
   }
+  // ldmatrix addresses, as offsets from a tile: K's x4 loads give b0/b1 of key tiles n and n + 1
+  // over dims 16 ks .. 16 ks + 15 (lane: key (lane >> 4) 8 + lane % 8, dim chunk 2 ks + (lane >> 3) % 2);
+  // V's transposed loads give dim tiles n and n + 1 over keys 16 kk .. 16 kk + 15 (lane: key
+  // lane % 8 + 8 ((lane >> 3) % 2), chunk n + lane / 16). Tile offsets add rows in multiples of 8,
+  // which keep the swizzle (chunk ^ row % 8), and chunks that XOR into it.
+  const unsigned k_lane = (((lane >> 4) << 3) + (lane & 7)) * kRowBytes, k_xor = ((lane >> 3) & 1) ^ (lane & 7);
+  const unsigned v_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes, v_xor = (lane >> 4) ^ (lane & 7);
 
   float o[kDTiles][4];
 #pragma unroll
@@ -109,12 +124,9 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
     __syncthreads();  // this block landed for every thread; every warp is done with the other stage
     if (block + 1 < num_blocks) issue(block + 1, stage ^ 1);
     const int key0 = blk.key_start + block * kBlockK;
-    // The 16-key chunks [chunk_lo, chunk_hi) of this block that some row of the warp sees.
-    const int chunk_lo = max(0, warp_key_start - key0) / 16;
-    const int chunk_hi = min(kBlockK / 16, (warp_key_end - key0 + 15) / 16);
-    if (chunk_lo >= chunk_hi) continue;
-    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
-    const unsigned char* v_tile = k_tile + kTileBytes;
+    if (key0 >= warp_key_end || key0 + kBlockK <= warp_key_start) continue;  // none of the warp's rows sees it
+    const unsigned k_tile = kv_tiles + stage * 2 * kTileBytes;
+    const unsigned v_tile = k_tile + kTileBytes;
 
     float s[kKeyTiles][4];
 #pragma unroll
@@ -123,18 +135,14 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int n = 0; n < kKeyTiles; n += 2) {
-        if (n / 2 < chunk_lo || n / 2 >= chunk_hi) continue;
-        // Keys 8n .. 8n + 15, dims 16 ks .. 16 ks + 15: b0/b1 of key tile n, then of n + 1.
-        const int mi = lane >> 3, key = n * 8 + (mi >> 1) * 8 + (lane & 7), chunk = ks * 2 + (mi & 1);
         unsigned kb[4];
-        ldmatrix_x4(kb, k_tile + swizzled(key, chunk, kChunks));
+        ldmatrix_x4(kb, k_tile + k_lane + n * 8 * kRowBytes + (((2 * ks) ^ k_xor) << 4));
         mma_16816<T>(s[n], qa[ks], kb[0], kb[1]);
         mma_16816<T>(s[n + 1], qa[ks], kb[2], kb[3]);
       }
     }
 
-    // Scale, cap and mask; masks only where the block crosses a band edge or the end (skipped
-    // chunks lie outside the band, so a block with any is an edge block).
+    // Scale, cap and mask; masks only where the block crosses a band edge or the end.
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_q0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_q0 + 15 + blk.shift - p.window_left);
     scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
@@ -142,14 +150,12 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
     // O += P V over the block's keys, 16 at a time: P's A fragments are S's accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      if (kk < chunk_lo || kk >= chunk_hi) continue;
       const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
-        const int key = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), chunk = n + (lane >> 4);
         unsigned vb[4];
-        ldmatrix_x4_trans(vb, v_tile + swizzled(key, chunk, kChunks));
+        ldmatrix_x4_trans(vb, v_tile + v_lane + kk * 16 * kRowBytes + ((n ^ v_xor) << 4));
         mma_16816<T>(o[n], pa, vb[0], vb[1]);
         mma_16816<T>(o[n + 1], pa, vb[2], vb[3]);
       }

@@ -80,16 +80,18 @@ __device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(smem)));
+               : "r"(smem));
 }
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) { ldmatrix_x4_trans(r, shared_address(smem)); }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(smem)));
+               : "r"(smem));
 }
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_x4(r, shared_address(smem)); }
 
 }  // namespace kiln

@@ -16,7 +16,7 @@ namespace {
 struct PrefillKernel {
   const char* name;
   const char* source;
-  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap[, warps, heads]>
+  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap[, warps, heads, key_rows]>
   Priority priority;
   bool windows_only;   // accepts only signatures with a window
   int warps;           // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
@@ -57,7 +57,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   spec.specialize = [k](const Signature& sig, const Platform&) {
     std::string expression = fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
-    if (k.warps > 0) expression += fmt::format(", {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1);
+    if (k.warps > 0) expression += fmt::format(", {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows);
     return Specialization{expression + ">", {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
@@ -89,12 +89,12 @@ KILN_REGISTER_KERNEL(attention_prefill_mma) {
 }
 
 // Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's key
-// band is the window plus 16 positions (GPT-OSS). It wins every windowed signature on every
+// band is the window plus 16 positions (GPT-OSS: 144 keys, three 48-key blocks). It wins every windowed signature on every
 // NVIDIA GPU, Hopper included, since the signature does not carry the window's width; a window
 // of thousands of keys would run faster on the wgmma kernel.
 KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
   return prefill_kernel({"attention.prefill.mma_window", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kSpecialized,
-                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 64, 2, 0});
+                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 48, 2, 0});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
