@@ -1,6 +1,6 @@
 // Prefill attention on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; sm_80 and newer), in
 // the FlashAttention-2 manner: each warp owns 16 query rows of one head (Q fragments held in
-// registers) and walks blocks of kBlockK keys of K and V, double-buffered in shared memory by
+// registers) and walks blocks of kBlockK keys of K and V, kStages deep in shared memory by
 // cp.async; it computes S = Q K^T, one online-softmax step per row and block, and O += P V, with P
 // taken straight from S's accumulators. Shared-memory rows are 16-byte chunks XOR-swizzled by row
 // (chunk ^ row % 8), so ldmatrix reads are conflict-free.
@@ -11,15 +11,15 @@
 // positions suit sliding windows: with 4 heads of a GPT-OSS KV head over 16 positions, a 128-key
 // window needs 144 keys per CTA, three 48-key blocks, instead of 192 for 64 positions of one head.
 // Key blocks start at the CTA's first visible key, so a window's band is not widened to a block
-// boundary. Three CTAs per SM at head_dim 64 (two at 128) hide one CTA's first loads behind the
+// boundary. Several CTAs per SM (see the launch bounds) hide one CTA's first loads behind the
 // others' MMAs.
 //
 // Blocks wholly outside the causal or window band are skipped, not masked; only blocks on a band
 // edge or past the end are masked. Query blocks are visited last-first, so under causal masking
 // the longest ones start first.
 // Launch: grid (ceil(max_seqlen_q / positions), Hq / kHeadsPerCta, batch), block 32 * kWarps,
-// dynamic shared memory (16 kWarps + 2 x 2 x kBlockK) x head_dim x 2 bytes: the Q rows plus two
-// stages of K and V tiles.
+// dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 bytes: the Q rows plus
+// the stages of K and V tiles.
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -33,8 +33,10 @@ namespace kiln {
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
 __device__ __forceinline__ unsigned swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
 
-template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK>
-__global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_mma_sm80(const KilnPrefillParams p) {
+// Registers are budgeted for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with 48-key blocks,
+// whose S tile is smaller (128), and 2 at head_dim 128 (255).
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
+__global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2) prefill_mma_sm80(const KilnPrefillParams p) {
   static_assert(kWarps % kHeadsPerCta == 0, "each head gets whole warps");
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
   constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
   static_assert(kBlockK % 16 == 0 && kBlockK % kCopyRows == 0 && kCopyRows % 8 == 0, "whole copies, one swizzle phase per thread");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned q_tile = shared_address(shared_bytes);  // row 16 w + r: warp w's row r
-  const unsigned kv_tiles = q_tile + kRows * kRowBytes;   // [stage][K | V]
+  const unsigned kv_tiles = q_tile + kRows * kRowBytes;   // [kStages][K | V]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -71,18 +73,23 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
   }
   commit_copies();
 
-  // K and V of key block `block` into `stage`: the thread copies chunk `copy_chunk` of rows
-  // copy_row + j kCopyRows, whose swizzled offsets differ by whole rows. Keys no row of the CTA
-  // sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
+  // K and V of key block `block` into stage block % kStages, as one cp.async group (empty past the
+  // last block, so every thread always has the same groups in flight): the thread copies chunk
+  // `copy_chunk` of rows copy_row + j kCopyRows, whose swizzled offsets differ by whole rows. Keys
+  // no row of the CTA sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
   const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
   const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
   const int copy_row = threadIdx.x / kChunks, copy_chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = swizzled(copy_row, copy_chunk, kChunks);
-  auto issue = [&](int block, int stage) {
+  auto issue = [&](int block) {
+    if (block >= num_blocks) {
+      commit_copies();
+      return;
+    }
     const int key = blk.key_start + block * kBlockK + copy_row;
     const T* k_src = k_rows + key * p.k_row_stride + copy_chunk * 8;
     const T* v_src = v_rows + key * p.v_row_stride + copy_chunk * 8;
-    const unsigned k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
+    const unsigned k_tile = kv_tiles + block % kStages * 2 * kTileBytes + copy_offset;
 #pragma unroll
     for (int j = 0; j < kBlockK / kCopyRows; ++j) {
       const bool valid = key + j * kCopyRows < blk.key_end;
@@ -93,10 +100,10 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
     }
     commit_copies();
   };
-  if (num_blocks > 0) issue(0, 0);
+#pragma unroll
+  for (int block = 0; block < kStages - 1; ++block) issue(block);
 
-  if (num_blocks > 0) wait_copies<1>();  // the Q group; the first K/V group may still fly
-  else wait_copies<0>();
+  wait_copies<kStages - 1>();  // the Q group; the K/V groups may still fly
   __syncthreads();
   unsigned qa[kKSteps][4];
 #pragma unroll
@@ -119,13 +126,12 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? 3 : 2) prefill_m
   const int row_lo = warp_q0 + g;  // this thread's rows: row_lo and row_lo + 8
 
   for (int block = 0; block < num_blocks; ++block) {
-    const int stage = block & 1;
-    wait_copies<0>();
-    __syncthreads();  // this block landed for every thread; every warp is done with the other stage
-    if (block + 1 < num_blocks) issue(block + 1, stage ^ 1);
+    wait_copies<kStages - 2>();
+    __syncthreads();  // this block landed for every thread; every warp is done with the previous one
+    issue(block + kStages - 1);  // into the previous block's stage
     const int key0 = blk.key_start + block * kBlockK;
     if (key0 >= warp_key_end || key0 + kBlockK <= warp_key_start) continue;  // none of the warp's rows sees it
-    const unsigned k_tile = kv_tiles + stage * 2 * kTileBytes;
+    const unsigned k_tile = kv_tiles + block % kStages * 2 * kTileBytes;
     const unsigned v_tile = k_tile + kTileBytes;
 
     float s[kKeyTiles][4];

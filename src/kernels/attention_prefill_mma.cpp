@@ -16,7 +16,7 @@ namespace {
 struct PrefillKernel {
   const char* name;
   const char* source;
-  const char* entry;  // template name, instantiated with <dtype, head_dim, softcap[, warps, heads, key_rows]>
+  const char* entry;  // template name: <dtype, head_dim, softcap[, warps, heads, key_rows, stages]>
   Priority priority;
   bool windows_only;   // accepts only signatures with a window
   int warps;           // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
@@ -57,7 +57,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   spec.specialize = [k](const Signature& sig, const Platform&) {
     std::string expression = fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
-    if (k.warps > 0) expression += fmt::format(", {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows);
+    if (k.warps > 0) {
+      expression += fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
+    }
     return Specialization{expression + ">", {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
@@ -94,7 +96,7 @@ KILN_REGISTER_KERNEL(attention_prefill_mma) {
 // of thousands of keys would run faster on the wgmma kernel.
 KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
   return prefill_kernel({"attention.prefill.mma_window", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kSpecialized,
-                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 48, 2, 0});
+                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 48, 3, 0});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
