@@ -252,21 +252,12 @@ __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, cons
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
 }
-// 16 read-only bytes, or zeros when `valid` is false (the load is then not issued).
-__device__ __forceinline__ Bf16x8 load16_or_zero(const void* p, bool valid) {
-  Bf16x8 v;
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-               "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p), "r"(static_cast<int>(valid)));
-  return v;
-}
 // bf16 weights of one step straight into registers.
 __device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
   MoeStepWeights w;
   const bool valid = piece < pieces;
-  w.lo = load16_or_zero(tile.row_lo + 16 * piece, valid && tile.lo_valid);
-  w.hi = load16_or_zero(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
+  w.lo = load16(tile.row_lo + 16 * piece, valid && tile.lo_valid);
+  w.hi = load16(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
   w.scale_lo = w.scale_hi = 0u;
   return w;
 }

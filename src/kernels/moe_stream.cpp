@@ -57,8 +57,8 @@ KernelSpec moe_stream_spec() {
     shape.block[0] = kThreads;
     shape.cooperative = true;
     const auto& p = *static_cast<const KilnMoeParams*>(params);
-    if (use_grouped_gemm(p, platform)) shape.dynamic_shared_bytes = KILN_MOE_GEMM_SHARED_BYTES;
-    if (p.w13_scale != nullptr) shape.dynamic_shared_bytes = KILN_MOE_RING_BYTES;  // MXFP4
+    const bool mxfp4 = p.w13_scale != nullptr;
+    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : mxfp4 ? KILN_MOE_RING_BYTES : 0;
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {

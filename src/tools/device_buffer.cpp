@@ -42,30 +42,44 @@ float Event::since(const Event& start) const {
   return ms;
 }
 
-std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values) {
+std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale) {
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<uint16_t> bits(n);
-  values.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const float f = dist(rng);
     bits[i] = dtype == DType::kBF16 ? float_to_bf16(f) : float_to_f16(f);
-    values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
   }
   return bits;
 }
 
-void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales,
-                  std::vector<double>& values) {
+std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values) {
+  auto bits = random_half(rng, n, dtype, scale);
+  values.resize(n);
+  for (size_t i = 0; i < n; ++i) values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  return bits;
+}
+
+void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
   std::uniform_int_distribution<int> nibble(0, 15), scale(121, 124);
   packed.assign(rows * k / 2, 0);
   scales.assign(rows * k / 32, 0);
-  values.assign(rows * k, 0.0);
   for (auto& s : scales) s = static_cast<uint8_t>(scale(rng));
-  for (size_t i = 0; i < rows * k; ++i) {
-    const uint8_t v = static_cast<uint8_t>(nibble(rng));
-    packed[i / 2] |= static_cast<uint8_t>(i % 2 ? v << 4 : v);
+  for (size_t i = 0; i < rows * k; ++i) packed[i / 2] |= static_cast<uint8_t>(i % 2 ? nibble(rng) << 4 : nibble(rng));
+}
+
+void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales,
+                  std::vector<double>& values) {
+  random_mxfp4(rng, rows, k, packed, scales);
+  values = decode_mxfp4(packed, scales);
+}
+
+std::vector<double> decode_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales) {
+  std::vector<double> values(packed.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint8_t v = static_cast<uint8_t>(i % 2 ? packed[i / 2] >> 4 : packed[i / 2] & 0xF);
     values[i] = static_cast<double>(e2m1_to_float(v)) * e8m0_to_float(scales[i / 32]);
   }
+  return values;
 }
 
 }  // namespace kiln::tools

@@ -69,13 +69,16 @@ class Event {
 };
 
 
-// Random values of a 16-bit float type: `values` receives what the bits decode to, so the
-// reference computes on exactly what the kernel reads.
+// Random values of a 16-bit float type, normal with deviation `scale`; `values` receives what the
+// bits decode to, so the reference computes on exactly what the kernel reads.
+std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale);
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values);
 
 // Random MXFP4 weights [rows, k]: e2m1 nibbles packed two per byte (low first), one e8m0 scale
-// per 32 values (2^-6 .. 2^-3); `values` receives what they decode to.
+// per 32 values (2^-6 .. 2^-3); `values` receives what they decode to (decode_mxfp4).
+void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales);
 void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales,
                   std::vector<double>& values);
+std::vector<double> decode_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales);
 
 }  // namespace kiln::tools
