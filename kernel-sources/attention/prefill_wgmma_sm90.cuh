@@ -42,7 +42,9 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
   // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
   auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };
 
-  const int warpgroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  // The warpgroup index through a shuffle, so ptxas knows it is warp-uniform: with a plain
+  // threadIdx.x / 128 it treats the lagging warpgroup's branches as divergent and serializes their wgmmas.
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const PrefillQueryBlock blk = prefill_query_block(p, kBlockQ);
   if (blk.q0 >= blk.len_q) return;
