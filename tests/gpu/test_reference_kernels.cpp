@@ -143,7 +143,7 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
       {DType::kBF16, 64, 8, 1, {333}, {1200}, false, 200, false, 50.0f},  // window without causal, softcap
       // Many 128-row and 128-key blocks at head_dim 128: window tiles skipped, sinks.
       {DType::kBF16, 128, 8, 2, {1500, 260}, {1500, 260}, true, 300, true, 0},
-      // The head-packing window kernel: one head per CTA (128 positions), two CTAs per KV head
+      // The head-packing window kernel: one head per CTA (group 1), four CTAs per KV head
       // (group 16), groups that are not powers of two, fewer queries than keys.
       {DType::kBF16, 128, 4, 4, {0, 1, 300, 77}, {3, 1, 300, 200}, true, 100, true, 0},
       {DType::kBF16, 64, 32, 2, {517, 16, 15}, {517, 16, 15}, true, 128, true, 0},
