@@ -18,16 +18,16 @@ struct PrefillKernel {
   const char* source;
   const char* entry;  // template name: <dtype, head_dim, softcap[, warps, heads, key_rows, stages]>
   Priority priority;
-  bool windows_only;   // accepts only signatures with a window
-  int warps;           // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
-  bool packs_heads;    // CTAs own packed_heads(group, warps) query heads (else one)
+  bool windows_only = false;  // accepts only signatures with a window
+  int warps = 0;               // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
+  bool packs_heads = false;    // CTAs own packed_heads(group, warps) query heads (else one)
   int min_arch;
   std::vector<std::string> features;
-  int block_rows_d64;  // wgmma: query rows per CTA at head_dim 64, and at 128; two threads per row
-  int block_rows_d128;
-  int key_rows;        // rows of each K and V tile
-  int stages;          // K and V tile pairs in shared memory
-  uint32_t alignment;  // slack added to shared memory to align the tiles
+  int block_rows_d64 = 0;  // wgmma: query rows per CTA at head_dim 64, and at 128; two threads per row
+  int block_rows_d128 = 0;
+  int key_rows;            // rows of each K and V tile
+  int stages;              // K and V tile pairs in shared memory
+  uint32_t alignment = 0;  // slack added to shared memory to align the tiles
 };
 
 // Query heads per CTA of the packing kernel: the largest power of two up to `warps` dividing the
@@ -86,22 +86,49 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
 }  // namespace
 
 KILN_REGISTER_KERNEL(attention_prefill_mma) {
-  return prefill_kernel({"attention.prefill.mma", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kPortable, false, 4,
-                         false, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 64, 2, 0});
+  return prefill_kernel({.name = "attention.prefill.mma",
+                         .source = "attention/prefill_mma_sm80.cuh",
+                         .entry = "prefill_mma_sm80",
+                         .priority = Priority::kPortable,
+                         .windows_only = false,
+                         .warps = 4,
+                         .packs_heads = false,
+                         .min_arch = 80,
+                         .features = {"mma:mma_sync", "memory:cp_async"},
+                         .key_rows = 64,
+                         .stages = 2});
 }
 
-// Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's key
-// band is the window plus 16 positions (GPT-OSS: 144 keys, three 48-key blocks). It wins every windowed signature on every
-// NVIDIA GPU, Hopper included, since the signature does not carry the window's width; a window
-// of thousands of keys would run faster on the wgmma kernel.
+// Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's
+// key band is the window plus 16 positions (GPT-OSS: 144 keys, three 48-key blocks). It wins every
+// windowed signature on every NVIDIA GPU, Hopper included, since the signature does not carry the
+// window's width; a window of thousands of keys would run faster on the wgmma kernel.
 KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
-  return prefill_kernel({"attention.prefill.mma_window", "attention/prefill_mma_sm80.cuh", "prefill_mma_sm80", Priority::kSpecialized,
-                         true, 4, true, 80, {"mma:mma_sync", "memory:cp_async"}, 0, 0, 48, 3, 0});
+  return prefill_kernel({.name = "attention.prefill.mma_window",
+                         .source = "attention/prefill_mma_sm80.cuh",
+                         .entry = "prefill_mma_sm80",
+                         .priority = Priority::kSpecialized,
+                         .windows_only = true,
+                         .warps = 4,
+                         .packs_heads = true,
+                         .min_arch = 80,
+                         .features = {"mma:mma_sync", "memory:cp_async"},
+                         .key_rows = 48,
+                         .stages = 3});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {
-  return prefill_kernel({"attention.prefill.wgmma", "attention/prefill_wgmma_sm90.cuh", "prefill_wgmma_sm90", Priority::kPerformant, false,
-                         0, false, 90, {"mma:wgmma", "memory:cp_async"}, 192, 128, 128, 3, 1024});
+  return prefill_kernel({.name = "attention.prefill.wgmma",
+                         .source = "attention/prefill_wgmma_sm90.cuh",
+                         .entry = "prefill_wgmma_sm90",
+                         .priority = Priority::kPerformant,
+                         .min_arch = 90,
+                         .features = {"mma:wgmma", "memory:cp_async"},
+                         .block_rows_d64 = 192,
+                         .block_rows_d128 = 128,
+                         .key_rows = 128,
+                         .stages = 3,
+                         .alignment = 1024});
 }
 
 }  // namespace kiln
