@@ -83,38 +83,33 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   return spec;
 }
 
+// The mma.sync kernels of prefill_mma_sm80.cuh, 4 warps each.
+PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
+  return {.name = name,
+          .source = "attention/prefill_mma_sm80.cuh",
+          .entry = "prefill_mma_sm80",
+          .priority = priority,
+          .warps = 4,
+          .min_arch = 80,
+          .features = {"mma:mma_sync", "memory:cp_async"},
+          .key_rows = 64,
+          .stages = 2};
+}
+
 }  // namespace
 
-KILN_REGISTER_KERNEL(attention_prefill_mma) {
-  return prefill_kernel({.name = "attention.prefill.mma",
-                         .source = "attention/prefill_mma_sm80.cuh",
-                         .entry = "prefill_mma_sm80",
-                         .priority = Priority::kPortable,
-                         .windows_only = false,
-                         .warps = 4,
-                         .packs_heads = false,
-                         .min_arch = 80,
-                         .features = {"mma:mma_sync", "memory:cp_async"},
-                         .key_rows = 64,
-                         .stages = 2});
-}
+KILN_REGISTER_KERNEL(attention_prefill_mma) { return prefill_kernel(mma_sync_kernel("attention.prefill.mma", Priority::kPortable)); }
 
 // Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's
 // key band is the window plus 16 positions (GPT-OSS: 144 keys, three 48-key blocks). It wins every
 // windowed signature on every NVIDIA GPU, Hopper included, since the signature does not carry the
 // window's width; a window of thousands of keys would run faster on the wgmma kernel.
 KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
-  return prefill_kernel({.name = "attention.prefill.mma_window",
-                         .source = "attention/prefill_mma_sm80.cuh",
-                         .entry = "prefill_mma_sm80",
-                         .priority = Priority::kSpecialized,
-                         .windows_only = true,
-                         .warps = 4,
-                         .packs_heads = true,
-                         .min_arch = 80,
-                         .features = {"mma:mma_sync", "memory:cp_async"},
-                         .key_rows = 48,
-                         .stages = 3});
+  PrefillKernel k = mma_sync_kernel("attention.prefill.mma_window", Priority::kSpecialized);
+  k.windows_only = k.packs_heads = true;
+  k.key_rows = 48;
+  k.stages = 3;
+  return prefill_kernel(k);
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {

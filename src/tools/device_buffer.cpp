@@ -54,9 +54,14 @@ std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, floa
 
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values) {
   auto bits = random_half(rng, n, dtype, scale);
-  values.resize(n);
-  for (size_t i = 0; i < n; ++i) values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  values = decode_half(bits, dtype);
   return bits;
+}
+
+std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype) {
+  std::vector<double> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  return values;
 }
 
 void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {

@@ -73,6 +73,8 @@ class Event {
 // bits decode to, so the reference computes on exactly what the kernel reads.
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale);
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values);
+// Decoded values of bf16 or f16 bits.
+std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype);
 
 // Random MXFP4 weights [rows, k]: e2m1 nibbles packed two per byte (low first), one e8m0 scale
 // per 32 values (2^-6 .. 2^-3); `values` receives what they decode to (decode_mxfp4).

@@ -68,12 +68,6 @@ std::string ShapeArgs::describe() const {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
-std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType t) {
-  std::vector<double> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = t == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
-  return out;
-}
-
 double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < b.size(); ++i) {

@@ -61,7 +61,5 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens);
 
 // ||a - b|| / ||b||; infinity when any element of `a` is not finite (unwritten or broken).
 double relative_error(const std::vector<double>& a, const std::vector<double>& b);
-// Decoded values of bf16 or f16 bits.
-std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype);
 
 }  // namespace kiln::tools
