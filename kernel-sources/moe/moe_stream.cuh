@@ -252,23 +252,14 @@ __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, cons
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
 }
-// 16 read-only bytes of a bf16 weight row, or zeros when `valid` is false (no load then), asking L2
-// to fetch the whole aligned 256 bytes: a step reads 64 bytes of each row, the next three steps the
-// rest (on an H200 at T = 1 the streaming phases took 0.081 ms against 0.089 without the hint).
-__device__ __forceinline__ Bf16x8 load16_weights(const void* p, bool valid) {
-  Bf16x8 v;
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-               "@q ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p), "r"(static_cast<int>(valid)));
-  return v;
-}
-// bf16 weights of one step straight into registers.
+// bf16 weights of one step straight into registers. A step reads 64 bytes of each row and the next
+// three steps the rest, so L2 fetches each row's 256 bytes at once (on an H200 at T = 1 the
+// streaming phases took 0.081 ms against 0.089 without the hint).
 __device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
   MoeStepWeights w;
   const bool valid = piece < pieces;
-  w.lo = load16_weights(tile.row_lo + 16 * piece, valid && tile.lo_valid);
-  w.hi = load16_weights(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
+  w.lo = load16_l2_256(tile.row_lo + 16 * piece, valid && tile.lo_valid);
+  w.hi = load16_l2_256(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
   w.scale_lo = w.scale_hi = 0u;
   return w;
 }
