@@ -260,7 +260,7 @@ TEST(Selector, MoeStreamUpTo256Experts) {
 }
 
 // The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:
-// sm_90a, bf16 weights, H and I in 64-deep slices, at least 16 routed pairs.
+// sm_90a, bf16 weights, H and I in at least three 64-deep slices, at least 16 routed pairs.
 TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   const auto spec = Registry::global().find("moe.apply.stream");
   KilnMoeParams p{};
@@ -274,7 +274,13 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
   p.num_tokens = 64, p.intermediate = 96;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
-  p.intermediate = 2880;
+  p.intermediate = 128;  // two slices
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
+  p.intermediate = 192;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
+  p.hidden = 128;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
+  p.hidden = 2880, p.intermediate = 2880;
   const unsigned char scale = 127;
   p.w13_scale = &scale;  // MXFP4 weights
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);

@@ -107,10 +107,8 @@ struct MoeGemmProducer {
     return r;
   }
 
-  // Before the consumer starts tile `tile` (the CTA's tiles step by gridDim.x): looks up the one
-  // after it, outside the MMA loop, where the accumulators are not live.
-  __device__ void look_ahead(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, int tile) {
-    const int after = tile + gridDim.x;
+  // Looks up the CTA's tile after the one being consumed (`after`; none past the last tile).
+  __device__ void look_ahead(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, int after) {
     has_next = after < s.total_tiles;
     if (has_next) next = rows_of(p, s, s.tile(p, after));
   }
@@ -151,7 +149,7 @@ struct MoeGemmProducer {
 template <int kN, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, MoeGemmProducer<kUp, kLayout>& producer,
                                               const MoeGemmTile& t, unsigned stage_base, unsigned first_stage, int slice,
-                                              int warpgroup, bf16* act, bf16* y, float (&acc128)[16][4]) {
+                                              int warpgroup, bf16* act, bf16* y, float (&acc128)[16][4], const volatile int* next_tile) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kN == 128 ? (warpgroup & 1) * 64 : 0, n_off = kN == 128 ? (warpgroup >> 1) * 128 : warpgroup * 64;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
@@ -163,6 +161,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
     wait_copies<1>();
     fence_async_shared();
     __syncthreads();  // slice `slice` landed for every thread; slice - 2's MMAs are done (waited below)
+    if (ks == 0) producer.look_ahead(p, s, *next_tile);  // claimed before the barrier (moe_gemm_phase)
     producer.issue(p, s, act, first_stage, slice + 2);
     const unsigned stage = stage_base + (slice % kMoeStages) * kMoeStageBytes;
     const unsigned a_address = stage + m_off * 128, b_address = stage + kMoeTileM * 128 + n_off * 128;
@@ -211,9 +210,13 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 
 // One projection over all tiles. kUp: A = x rows of the pairs' tokens (K = H), B = W13 rows, out
 // act (bf16); else A = act rows (K = I), B = W2 rows, out y (bf16). `act` and `y` are bf16 here.
+// CTA c starts with tile c; each later tile is claimed from `tile_counter` (zeroed) while the one
+// before it starts, so tiles go out in order as CTAs free up: the pair blocks that share a weight
+// tile run at the same time whatever each tile costs, and no CTA is left with a queue at the end.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, const int* mtile_start, const int* pair_start,
-                               const int* pairs, bf16* act, bf16* y) {
+                               const int* pairs, bf16* act, bf16* y, int* tile_counter) {
+  __shared__ int claimed[2];  // the CTA's next tile, double-buffered by tile parity
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
   const unsigned stage_base = shared_address(stages);
@@ -226,15 +229,17 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, co
   producer.issue(p, s, act, first_stage, 0);
   producer.issue(p, s, act, first_stage, 1);
 
-  int slice = 0;
+  int slice = 0, parity = 0;
   float acc[16][4];
-  for (int tile = blockIdx.x; tile < s.total_tiles; tile += gridDim.x, slice += s.k_steps) {
-    producer.look_ahead(p, s, tile);
+  for (int tile = blockIdx.x; tile < s.total_tiles; slice += s.k_steps, parity ^= 1) {
+    // Read after the tile's first barrier; the slot is rewritten two tiles on, after another.
+    if (threadIdx.x == 0) claimed[parity] = gridDim.x + atomic_add_global(tile_counter, 1);
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64) moe_gemm_tile<64, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc);
-    else moe_gemm_tile<128, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc);
+    if (t.count <= 64) moe_gemm_tile<64, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc, &claimed[parity]);
+    else moe_gemm_tile<128, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc, &claimed[parity]);
+    tile = *reinterpret_cast<volatile int*>(&claimed[parity]);
   }
   // Past the last tile only empty groups are pending; the grid barrier after the phase orders the
   // stages' reuse.

@@ -47,11 +47,6 @@ __device__ __forceinline__ float load_l2(const float* p) {
 __device__ __forceinline__ void load_l2_4(const float* p, float* v) {
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
 }
-__device__ __forceinline__ int atomic_add_global(int* p, int v) {
-  int old;
-  asm volatile("atom.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
 
 // All CTAs of the (cooperative) grid arrive before any leaves; each counter is used once per
 // launch and starts at zero (kiln clears the workspace's counters before the launch).
@@ -652,9 +647,11 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     unsigned char* stages = moe_dynamic + ((1024 - (shared_address(moe_dynamic) & 1023)) & 1023);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16,
+                                                               reinterpret_cast<int*>(&barriers[4]));
     grid_barrier(&barriers[2]);
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16,
+                                                                reinterpret_cast<int*>(&barriers[5]));
   }
 #endif
   if (!tensor_cores) {

@@ -2,7 +2,8 @@
 // registration (src/kernels/moe_stream.cpp), which sizes the allocation: plain C only.
 // Byte offsets, each region aligned to 256 bytes. Only barriers, counts and fill must start at zero
 // (kiln clears the bytes before `ids`); the kernel writes every other region before reading it:
-//   barriers  4 x u32, the grid-wide barrier counters
+//   barriers  4 x u32, the grid-wide barrier counters, then 2 x int, the grouped GEMMs' tile
+//             counters (up, down)
 //   counts    [E] int, tokens routed to each expert
 //   fill      [E] int, the scatter's cursor per expert
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)

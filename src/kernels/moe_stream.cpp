@@ -23,10 +23,12 @@ constexpr int kThreads = 512;     // kMoeStreamWarps x 32
 // 0.445. Not measured again since, nor between the two.
 constexpr long long kGemmMinPairs = 16;
 
-// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices.
+// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices, at
+// least 3 of them: their copies run two slices ahead, and a tile's first K step looks up the tile
+// after it (moe_gemm_sm90.cuh).
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
-         static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+         p.hidden >= 192 && p.intermediate >= 192 && static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
 }
 
 KernelSpec moe_stream_spec() {

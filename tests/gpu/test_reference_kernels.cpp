@@ -426,10 +426,14 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 8, 256, 128, 128, 4, 0, true, 1, true, false, false},
       {true, 20, 64, 32, 256, 8, 1, false, 0, false, true, false},
       {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
-      // The grouped-GEMM phases (sm_90a, bf16, from a token count on): one expert with 800 pairs
-      // (7 row tiles), and concatenated gate/up over several column tiles with biases.
-      {false, 400, 128, 128, 8, 2, 2, true, 0, false, false, true},
+      // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I from 192): one
+      // expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles with
+      // biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them. H = 128
+      // keeps the streaming phases.
+      {false, 400, 192, 256, 8, 2, 2, true, 0, false, false, true},
       {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
+      {false, 4000, 256, 192, 8, 4, 0, true, 1, true, false, false},
+      {false, 400, 128, 128, 8, 2, 2, true, 0, false, false, true},
   };
   const OperatorId moe{kFamilyMoe, kModeApply};
   // The stream kernel's workspace: counters cleared, the rest 0xFF (it must write before it reads).
