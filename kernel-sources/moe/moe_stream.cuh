@@ -670,29 +670,38 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   // combine, in slot order. Each thread owns 4 consecutive hidden units of a token (one when H is
   // not a multiple of 4). ids, weights and y were written by other CTAs before the last barrier:
   // they are read through L2 (ld.global.cg), which this SM's L1 cannot hold stale. y is bf16 when
-  // the grouped GEMMs wrote it (H is then a multiple of 64), else f32.
+  // the grouped GEMMs wrote it (H is then a multiple of 64), else f32. Slots go four at a time,
+  // their ids and weights, then their y values, all in flight before any is used (slot by slot
+  // the loop waited on L2 twice per slot).
   const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;
   const long long items = static_cast<long long>(p.num_tokens) * per_token;
   for (long long i = thread; i < items; i += threads) {
     const int t = static_cast<int>(i / per_token), h = static_cast<int>(i % per_token) * width;
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j = 0; j < k; ++j) {
-      const int q = t * k + j;
-      if (load_l2(&ids[q]) < 0) continue;
-      const float w = load_l2(&weights[q]);
-      const float* row = &y[static_cast<long long>(q) * p.hidden + h];
-      if (tensor_cores) {
-        float v[4];
-        load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + static_cast<long long>(q) * p.hidden + h, v);
+    for (int j0 = 0; j0 < k; j0 += 4) {
+      int id[4];
+      float w[4], v[4][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sum[e] += w * v[e];
-      } else if (width == 4) {
-        float v[4];
-        load_l2_4(row, v);
+      for (int u = 0; u < 4; ++u) {
+        const int q = t * k + j0 + u;
+        id[u] = j0 + u < k ? load_l2(&ids[q]) : -1;
+        w[u] = j0 + u < k ? load_l2(&weights[q]) : 0.0f;
+      }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sum[e] += w * v[e];
-      } else {
-        sum[0] += w * load_l2(row);
+      for (int u = 0; u < 4; ++u) {
+        if (id[u] < 0) continue;
+        const long long row = static_cast<long long>(t * k + j0 + u) * p.hidden + h;
+        if (tensor_cores) load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + row, v[u]);
+        else if (width == 4) load_l2_4(y + row, v[u]);
+        else v[u][0] = load_l2(y + row);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (id[u] < 0) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (e < width) sum[e] += w[u] * v[u][e];
+        }
       }
     }
     bf16* out = static_cast<bf16*>(p.out) + t * p.out_row_stride + h;
