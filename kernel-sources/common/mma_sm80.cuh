@@ -74,6 +74,13 @@ __device__ __forceinline__ void copy16_async_or_zero(void* smem, const void* glo
 __device__ __forceinline__ void copy16_async_or_zero_l2_256(void* smem, const void* global, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(global), "r"(valid ? 16 : 0) : "memory");
 }
+// Returns the value before the add (the MoE kernel's routing counts and GEMM tile claims).
+__device__ __forceinline__ int atomic_add_global(int* p, int v) {
+  int old;
+  asm volatile("atom.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `kPending` of this thread's most recent commit groups are still in flight.
 template <int kPending>

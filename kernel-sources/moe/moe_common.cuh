@@ -61,12 +61,6 @@ __device__ __forceinline__ float glu_activation(float gate, float up) {
   return gate / (1.0f + expf(-gate)) * up;
 }
 
-__device__ __forceinline__ int atomic_add_global(int* p, int v) {
-  int old;
-  asm volatile("atom.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // The expert e with start[e] * scale <= item < start[e + 1] * scale, for a per-expert prefix
 // `start` (item counts scaled by `scale` work items per unit).
 __device__ __forceinline__ int find_expert(const int* start, int experts, int item, int scale) {
