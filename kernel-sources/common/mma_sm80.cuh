@@ -81,6 +81,11 @@ __device__ __forceinline__ int atomic_add_global(int* p, int v) {
   return old;
 }
 
+// The same on shared memory (a shared-window address): the MoE kernel's per-CTA routing counts.
+__device__ __forceinline__ void atomic_add_shared(unsigned p, int v) {
+  asm volatile("red.shared.add.s32 [%0], %1;" ::"r"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `kPending` of this thread's most recent commit groups are still in flight.
 template <int kPending>
