@@ -81,7 +81,7 @@ __device__ __forceinline__ int atomic_add_global(int* p, int v) {
   return old;
 }
 
-// The same on shared memory (a shared-window address): the MoE kernel's per-CTA routing counts.
+// Adds `v` at a shared-window address, returning nothing (red): the MoE kernel's per-CTA routing counts.
 __device__ __forceinline__ void atomic_add_shared(unsigned p, int v) {
   asm volatile("red.shared.add.s32 [%0], %1;" ::"r"(p), "r"(v) : "memory");
 }

@@ -727,8 +727,9 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   grid_barrier(&barriers[3]);
 
   // combine, in slot order. Each thread owns 4 consecutive hidden units of a token (one when H is
-  // not a multiple of 4). ids, weights and y were written by other CTAs before the last barrier:
-  // they are read through L2 (ld.global.cg), which this SM's L1 cannot hold stale. y is bf16 when
+  // not a multiple of 4). ids, weights (unless routed here, in shared memory) and y were written by
+  // other CTAs before the last barrier: they are read through L2 (ld.global.cg), which this SM's L1
+  // cannot hold stale. y is bf16 when
   // the grouped GEMMs wrote it (H is then a multiple of 64), else f32. Slots go four at a time,
   // their ids and weights, then their y values, all in flight before any is used (slot by slot
   // the loop waited on L2 twice per slot).
