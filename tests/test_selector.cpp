@@ -205,37 +205,52 @@ TEST(Selector, ConcurrentRegistrationAndSelection) {
 }
 
 // The tensor-core decode kernel's grid on an H200-sized part (132 SMs, 227 KB per block): batches
-// that fill the SMs run unsplit 4-warp CTAs; smaller ones one 8-warp CTA per SM, split over a
-// cluster; a 16-CTA cluster of CTAs too large for two per SM falls back to 4 warps.
-TEST(Selector, DecodeClusterGridFollowsTheBatch) {
-  const auto spec = Registry::global().find("attention.decode.mma_cluster");
+// that fill the SMs run unsplit 4-warp CTAs with no workspace; smaller ones one 8-warp CTA per SM,
+// split without a cluster, with a workspace of one ticket per (sequence, KV head) and one state
+// per split.
+TEST(Selector, DecodeSplitGridFollowsTheBatch) {
+  const auto spec = Registry::global().find("attention.decode.mma_split");
   ASSERT_TRUE(spec);
+  ASSERT_TRUE(spec->workspace_bytes && spec->workspace_zeroed_bytes);
   Platform h200;
   h200.vendor = Vendor::kNvidia;
   h200.multiprocessor_count = 132;
   h200.shared_memory_per_block = 227 * 1024;
-  auto shape = [&](int batch, int context, int head_dim) {
-    KilnDecodeParams p{};
+  KilnDecodeParams p{};
+  auto shape = [&](int batch, int context, int head_dim, int hkv = 8) {
+    p = KilnDecodeParams{};
     p.batch = batch;
-    p.num_heads_kv = 8;
+    p.q_len = 1;
+    p.num_heads_kv = hkv;
+    p.num_heads_q = 8 * hkv;
     p.head_dim = head_dim;
     p.page_size = 16;
     p.max_pages_per_seq = context / 16;
     return spec->launch_shape(&p, h200);
   };
+  auto grid = [](const LaunchShape& s) { return std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}; };
   const uint32_t warp_bytes_d128 = 2 * 16 * (2 * 136 + 2 * 136), warp_bytes_d64 = 2 * 16 * (2 * 96 + 2 * 72);
+  // A split state: 8 rows (group 8, q_len 1) of m, l and head_dim accumulators.
+  auto states = [](size_t states_per_row_set, int head_dim) { return states_per_row_set * 8 * (head_dim + 2) * sizeof(float); };
   LaunchShape s = shape(8, 32768, 128);  // 64 pairs: 2 splits
-  EXPECT_EQ((std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}), (std::array<uint32_t, 5>{2, 8, 8, 256, 2}));
-  EXPECT_EQ(s.dynamic_shared_bytes, 8 * warp_bytes_d128);
-  s = shape(64, 4096, 64);  // 512 pairs: unsplit
-  EXPECT_EQ((std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}), (std::array<uint32_t, 5>{1, 8, 64, 128, 0}));
-  EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d64);
-  s = shape(1, 131072, 64);  // 8 pairs: 16 splits, two 8-warp CTAs fit an SM
-  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{16, 256, 16}));
-  s = shape(1, 131072, 128);  // 16 splits of 139 KB CTAs would need 16 SMs of one GPC
-  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{16, 128, 16}));
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{2, 8, 8, 256, 0}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 8 * warp_bytes_d128 + 128);  // + the rings' 128-byte alignment
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(64 * 2, 128));
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, h200), 64u * 4);
+  s = shape(64, 4096, 64);  // 512 pairs: unsplit, no workspace
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 64, 128, 0}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d64 + 128);
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
+  s = shape(1, 131072, 64);  // 8 pairs: 16 splits
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(8 * 16, 64));
+  s = shape(1, 131072, 128);  // 139 KB CTAs: no cluster to fit in one GPC
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
+  s = shape(1, 131072, 64, 1);  // one pair: at most 128 splits
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{128, 1, 1, 256, 0}));
   s = shape(1, 320, 128);  // at least 256 tokens per split
-  EXPECT_EQ((std::array{s.grid[0], s.block[0], s.cluster[0]}), (std::array<uint32_t, 3>{1, 256, 0}));
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 1, 256, 0}));
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
 }
 
 // MoE on sm_90a: the streaming kernel up to 256 experts (its routing keeps 8 logits per lane),

@@ -1,4 +1,5 @@
-// Paged decode attention on tensor cores, split over the KV sequence across a thread-block cluster.
+// Paged decode attention on tensor cores, the KV sequence split over CTAs that merge through the
+// workspace.
 //
 // The query rows that share a KV head (q_len new tokens x the GQA group, at most 16) form the
 // M = 16 side of mma.sync m16n8k16: per tile of 16 tokens a warp computes S = Q K^T (two n-tiles
@@ -11,14 +12,13 @@
 // cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
 // V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale
 // and v_scale scales O.
-// Grid (splits, Hkv, batch), cluster (splits, 1, 1), block 32 x warps (warps <= kDecodeMaxWarps),
-// dynamic shared memory warps x DecodeTileLayout::kWarpBytes; the merge is decode_merge.cuh's.
+// Grid (splits, Hkv, batch), block 32 x warps (warps <= kDecodeMaxWarps), dynamic shared memory
+// warps x DecodeTileLayout::kWarpBytes; the merge and the workspace are decode_merge.cuh's.
 #pragma once
 
 #include "attention/decode_merge.cuh"
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
-#include "common/cluster.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 
@@ -38,16 +38,22 @@ template <typename A> struct SameType<A, A> { enum { value = 1 }; };
 template <typename T, typename Cache> struct MmaType { typedef T type; };
 template <typename T> struct MmaType<T, e4m3> { typedef f16 type; };
 
-// Warps per CTA, at most: the launch (attention_decode_cluster.cpp) picks 4 or 8 and the kernel
+// Warps per CTA, at most: the launch (attention_decode_split.cpp) picks 4 or 8 and the kernel
 // reads blockDim. Stages of each warp's copy ring: two. On an H200 a third or fourth stage was
 // slower wherever tried (bench/RESULTS.md). Enumerators, not constexpr variables: NVRTC emits a
 // namespace-scope constexpr as a global under a per-compile name, so the binary would differ from
 // compile to compile.
 enum : int { kDecodeMaxWarps = 8, kDecodeStages = 2 };
 
+// The copy rings start on a 128-byte boundary of shared memory. Dynamic shared memory follows the
+// kernel's static arrays, 16-byte aligned, so its base moves with their sizes: with the base 80
+// bytes past a 128-byte boundary an H200 ran head_dim 64 at B64 ctx4096 11% slower than at 0 or
+// 64 (bench/RESULTS.md). The launch adds kDecodeRingAlign bytes of slack for the shift.
+enum : int { kDecodeRingAlign = 128 };
+
 // Shared memory of one warp, in bytes: kDecodeStages stages of [K tile | V tile] (16 rows each,
 // padded so the fragment reads and ldmatrix are conflict-free), then for an e4m3 cache the f16 V
-// tile ldmatrix reads. attention_decode_cluster.cpp computes the same sizes.
+// tile ldmatrix reads. attention_decode_split.cpp computes the same sizes.
 template <typename Cache, int kHeadDim>
 struct DecodeTileLayout {
   static constexpr bool kFp8 = SameType<Cache, e4m3>::value;
@@ -71,8 +77,8 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
 
-  // Per warp Layout::kWarpBytes; after the token loop the same memory holds the per-warp softmax
-  // states for the merge.
+  // Per warp Layout::kWarpBytes (from a 128-byte boundary); after the token loop the same memory
+  // holds the per-warp softmax states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ float warp_m[kDecodeMaxWarps][kRows], warp_l[kDecodeMaxWarps][kRows];
 
@@ -131,7 +137,8 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   const int page_shift = __ffs(p.page_size) - 1;
 
   constexpr int stages = kDecodeStages;
-  unsigned char* const ring = shared_bytes + warp * Layout::kWarpBytes;
+  const unsigned ring_shift = (kDecodeRingAlign - (shared_address(shared_bytes) & (kDecodeRingAlign - 1))) & (kDecodeRingAlign - 1);
+  unsigned char* const ring = shared_bytes + ring_shift + warp * Layout::kWarpBytes;
   unsigned char* const v_staging = ring + stages * Layout::kStageBytes;  // e4m3 cache only
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
@@ -287,7 +294,7 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
       }
     }
   }
-  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, b, kv_head, splits);
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, b, kv_head, split, splits);
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
 // Merging the partial softmax states of a decode kernel's warps or wavefronts, and the end of a
-// decode row (sink, normalization, out and lse). Portable: decode_merge.cuh (NVIDIA, clusters)
+// decode row (sink, normalization, out and lse). Portable: decode_merge.cuh (NVIDIA, split-KV)
 // and decode_mfma.cuh (AMD) both use it.
 #pragma once
 

@@ -57,4 +57,7 @@ struct KilnDecodeParams {
   float softcap;
   float k_scale;  // fp8 cache: dequantized = stored * scale
   float v_scale;
+  // Scratch for a kernel that asks for it (KernelSpec::workspace_bytes): the split-KV merge's
+  // tickets and partial states (attention/decode_merge.cuh); null otherwise.
+  void* workspace;
 };

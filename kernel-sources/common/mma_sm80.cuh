@@ -2,7 +2,7 @@
 // cp.async, 16-byte global and shared loads. Shared by the decode and prefill kernels.
 #pragma once
 
-#include "common/cluster.cuh"
+#include "common/shared_address.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {

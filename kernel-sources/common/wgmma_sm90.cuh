@@ -6,7 +6,7 @@
 // softmax helpers of the mma.sync kernels apply unchanged.
 #pragma once
 
-#include "common/cluster.cuh"
+#include "common/shared_address.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {

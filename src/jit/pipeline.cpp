@@ -297,9 +297,11 @@ void run_operator(const OperatorCall& call) {
       throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
     }
     const size_t bytes = kernel->spec->workspace_bytes(call.params, dev.platform);
-    const size_t zeroed = kernel->spec->workspace_zeroed_bytes ? kernel->spec->workspace_zeroed_bytes(call.params, dev.platform) : bytes;
-    scratch.emplace(bytes, zeroed, call.stream);
-    *call.workspace = scratch->pointer();
+    if (bytes > 0) {  // 0: this call needs none (an unsplit decode), and the field stays null
+      const size_t zeroed = kernel->spec->workspace_zeroed_bytes ? kernel->spec->workspace_zeroed_bytes(call.params, dev.platform) : bytes;
+      scratch.emplace(bytes, zeroed, call.stream);
+      *call.workspace = scratch->pointer();
+    }
   }
   cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
 }

@@ -161,7 +161,7 @@ void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
   p.v_scale = a.k_cache.dtype == DType::kF8E4M3 ? a.v_scale : 1.0f;
   if (a.q.numel() == 0) return;
   detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MhaDecodeArgs*>(x)); },
-                            &a, a.q.device, &p, stream};
+                            &a, a.q.device, &p, stream, &p.workspace};
   call.key.op = 2;
   call.key.fields = {static_cast<int64_t>(a.q.dtype), static_cast<int64_t>(a.k_cache.dtype), a.q.size(2),
                      a.q.size(1) / a.k_cache.size(2), a.k_cache.size(1), a.q_len, a.window_left >= 0,

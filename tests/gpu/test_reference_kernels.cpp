@@ -285,7 +285,7 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kBF16, true, 128, 32, 8, 32, 1, {32768, 5, 20000}, 1000, true},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
-  for (const char* kernel : {"attention.decode.mma_cluster", "attention.decode.mma_cluster_fp8", "attention.decode.reference"}) {
+  for (const char* kernel : {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.reference"}) {
     Registry::global().set_override(decode, kernel);
     int ran = 0;
     for (const auto& c : cases) {

@@ -1,6 +1,6 @@
-// Registration of the cluster split-KV decode kernel (sm_90+, kernel-sources/attention/
-// decode_mma_sm90.cuh): tensor cores over the GQA group, the sequence split over the CTAs of a
-// thread-block cluster that merges in distributed shared memory.
+// Registration of the split-KV decode kernel (sm_90+, kernel-sources/attention/decode_mma_sm90.cuh):
+// tensor cores over the GQA group, the sequence split over CTAs whose partial states the last one
+// to finish merges through the workspace (attention/decode_merge.cuh).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -12,13 +12,15 @@
 namespace kiln {
 namespace {
 
-// Clusters of up to 16 CTAs (8 is the portable size; Hopper allows 16 to a kernel that opts in,
-// which the launcher does for any cluster above 8).
-constexpr int kMaxSplits = 16;
+// The last CTA of a (sequence, KV head) keeps two floats per split and row in shared memory
+// (decode_merge.cuh): 128 splits x 16 rows take 16 KB of the smallest CTA's 31 KB.
+constexpr int kMaxSplits = 128;
 constexpr int kMinTokensPerSplit = 256;
 
-// decode_mma_sm90's copy ring per warp: kDecodeStages in the kernel source.
+// decode_mma_sm90's copy ring per warp: kDecodeStages in the kernel source. The rings start on a
+// 128-byte boundary, up to kDecodeRingAlign bytes into dynamic shared memory.
 constexpr int kCopyStages = 2;
+constexpr uint32_t kRingAlignSlack = 128;
 
 // q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64
 // or 128, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 at most 8
@@ -29,8 +31,8 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
   const std::string wanted_cache = fp8_cache ? "e4m3" : dtype;
   if (sig.get("kv_dtype") != wanted_cache) {
     return fmt::format("kv_dtype {} unsupported (supported: {})", sig.get("kv_dtype"),
-                       fp8_cache ? "e4m3; a 16-bit cache runs on attention.decode.mma_cluster"
-                                 : "the same as dtype; an e4m3 cache runs on attention.decode.mma_cluster_fp8");
+                       fp8_cache ? "e4m3; a 16-bit cache runs on attention.decode.mma_split"
+                                 : "the same as dtype; an e4m3 cache runs on attention.decode.mma_split_fp8");
   }
   if (auto why = detail::check_head_dim_64_or_128(sig)) return why;
   const int64_t d = sig.get_int("head_dim");
@@ -56,30 +58,38 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
 
 // Splits and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit
 // with 4 warps per CTA (up to three CTAs per SM). A smaller batch gets one CTA of 8 warps per SM:
-// the sequence is split over floor(SMs / pairs) CTAs (at most 16, at least 256 tokens each), so
-// every busy SM holds the same work. Measured on an H200 (bench/RESULTS.md): B8 ctx32768 head_dim
-// 128 (64 pairs) 0.282 ms with 2 splits of 8 warps against 0.294 with 3 splits of 4 warps (the
-// former rule: every SM at least one CTA, some two); B1 ctx131072 head_dim 64 (8 pairs) 0.103
-// against 0.130 with 16 splits of 4 warps. A cluster of more than 8 CTAs stays with 4 warps when 8
-// would allow only one CTA per SM: it must fit the SMs of one GPC, fewer than 16 on some parts.
+// the sequence is split over floor(SMs / pairs) CTAs (at most kMaxSplits, at least 256 tokens
+// each), so every busy SM holds the same work.
 struct DecodeGrid {
   int64_t splits;
   int64_t warps;
 };
 
-DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint32_t bytes_per_warp) {
+DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform) {
   const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * p.num_heads_kv, 1);
   const int64_t max_context = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
   const int64_t sms = std::max(platform.multiprocessor_count, 1);
   DecodeGrid grid{1, 4};
   if (pairs < sms) grid = DecodeGrid{std::clamp<int64_t>(sms / pairs, 1, kMaxSplits), 8};
   while (grid.splits > 1 && max_context / grid.splits < kMinTokensPerSplit) --grid.splits;
-  if (grid.splits > 8 && 2 * 8 * static_cast<size_t>(bytes_per_warp) > platform.shared_memory_per_block) grid.warps = 4;
   return grid;
 }
 
+// The workspace of a split launch (decode_merge.cuh): a ticket per (sequence, KV head), then from
+// a 256-byte boundary one state per (sequence, KV head, split) of q_len x group rows: m, l and
+// head_dim accumulators, floats.
+size_t states_offset(int64_t pairs) { return static_cast<size_t>((4 * pairs + 255) & ~int64_t{255}); }
+
+size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform) {
+  const int64_t splits = decode_grid(p, platform).splits;
+  if (splits == 1) return 0;
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / p.num_heads_kv);
+  return states_offset(pairs) + static_cast<size_t>(pairs * splits * rows * (p.head_dim + 2)) * sizeof(float);
+}
+
 // One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
-KernelSpec mma_cluster_kernel(const char* name, bool fp8_cache) {
+KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   KernelSpec spec;
   spec.name = name;
   spec.family = kFamilyAttention;
@@ -88,7 +98,6 @@ KernelSpec mma_cluster_kernel(const char* name, bool fp8_cache) {
   spec.specificity = 3;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 90;
-  spec.requirements.features = {"launch:cluster"};
   spec.source = "attention/decode_mma_sm90.cuh";
   spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
   spec.specialize = [](const Signature& sig, const Platform&) {
@@ -99,22 +108,28 @@ KernelSpec mma_cluster_kernel(const char* name, bool fp8_cache) {
   spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnDecodeParams*>(params);
     const uint32_t bytes_per_warp = warp_shared_bytes(p.head_dim, fp8_cache);
-    const DecodeGrid grid = decode_grid(p, platform, bytes_per_warp);
+    const DecodeGrid grid = decode_grid(p, platform);
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(grid.splits);
     shape.grid[1] = static_cast<uint32_t>(p.num_heads_kv);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(32 * grid.warps);
-    if (grid.splits > 1) shape.cluster[0] = static_cast<uint32_t>(grid.splits);
-    shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * bytes_per_warp;
+    shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * bytes_per_warp + kRingAlignSlack;
     return shape;
+  };
+  spec.workspace_bytes = [](const void* params, const Platform& platform) {
+    return workspace_bytes(*static_cast<const KilnDecodeParams*>(params), platform);
+  };
+  spec.workspace_zeroed_bytes = [](const void* params, const Platform&) {
+    const auto& p = *static_cast<const KilnDecodeParams*>(params);
+    return 4 * static_cast<size_t>(p.batch) * static_cast<size_t>(p.num_heads_kv);
   };
   return spec;
 }
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(attention_decode_mma_cluster) { return mma_cluster_kernel("attention.decode.mma_cluster", false); }
-KILN_REGISTER_KERNEL(attention_decode_mma_cluster_fp8) { return mma_cluster_kernel("attention.decode.mma_cluster_fp8", true); }
+KILN_REGISTER_KERNEL(attention_decode_mma_split) { return mma_split_kernel("attention.decode.mma_split", false); }
+KILN_REGISTER_KERNEL(attention_decode_mma_split_fp8) { return mma_split_kernel("attention.decode.mma_split_fp8", true); }
 
 }  // namespace kiln
