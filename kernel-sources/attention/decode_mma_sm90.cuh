@@ -46,9 +46,9 @@ template <typename T> struct MmaType<T, e4m3> { typedef f16 type; };
 enum : int { kDecodeMaxWarps = 8, kDecodeStages = 2 };
 
 // The copy rings start on a 128-byte boundary of shared memory. Dynamic shared memory follows the
-// kernel's static arrays, 16-byte aligned, so its base moves with their sizes: with the base 80
-// bytes past a 128-byte boundary an H200 ran head_dim 64 at B64 ctx4096 11% slower than at 0 or
-// 64 (bench/RESULTS.md). The launch adds kDecodeRingAlign bytes of slack for the shift.
+// kernel's static arrays, 16-byte aligned, so its base moves with their sizes: with the rings 80
+// bytes past a 128-byte boundary an H200 ran head_dim 64 at B64 ctx4096 11% slower than at 0, 32,
+// 64 or 96 (bench/RESULTS.md). The launch adds kDecodeRingAlign bytes of slack for the shift.
 enum : int { kDecodeRingAlign = 128 };
 
 // Shared memory of one warp, in bytes: kDecodeStages stages of [K tile | V tile] (16 rows each,
