@@ -1,24 +1,18 @@
 // For decode kernels that split a sequence over several CTAs: the merge of per-warp softmax states
 // across the CTA, then across the CTAs of one (sequence, KV head) through the workspace.
 //
-// Workspace (KilnDecodeParams::workspace, only when the grid has more than one split):
-//   int tickets[batch * Hkv], zeroed by kiln before the launch, then from byte
-//   decode_states_offset(batch * Hkv) one state per (sequence, KV head, split):
-//   float m[kRows] (natural log), l[kRows], acc[kRows][kHeadDim].
-// attention_decode_split.cpp sizes it the same way. Each CTA writes its state and takes a ticket;
-// the CTA that draws the last ticket merges all states and writes out. No CTA waits for another,
-// so the grid needs no co-residency and no cluster.
+// Each split CTA writes its state to the workspace (layout: attention/decode_workspace.h) and takes
+// a ticket; the CTA that draws the last ticket merges all states and writes out. No CTA waits for
+// another, so the grid needs no co-residency and no cluster.
 #pragma once
 
+#include "attention/decode_workspace.h"
 #include "attention/merge_states.cuh"
 #include "attention/params.h"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
-
-// Byte offset of the split states: after the tickets, 256-byte aligned.
-__device__ __forceinline__ long long decode_states_offset(int pairs) { return (4LL * pairs + 255) & ~255LL; }
 
 // Merges the states of the first `warps` warps (warp_acc[w][row][d], warp_m[w][row], warp_l[w][row]; rows
 // r = j * kGroup + g) over the warps of the CTA, then over the `splits` CTAs of (b, kv_head), adds
@@ -29,7 +23,7 @@ __device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kMa
                                 float (&warp_m)[kMaxWarps][kQLen * kGroup], float (&warp_l)[kMaxWarps][kQLen * kGroup],
                                 int warps, int b, int kv_head, int split, int splits) {
   constexpr int kRows = kQLen * kGroup;
-  constexpr int kStateFloats = kRows * (kHeadDim + 2);
+  constexpr int kStateFloats = static_cast<int>(kiln_decode_state_floats(kRows, kHeadDim));
   __shared__ float cta_m[kRows], cta_l[kRows];
   __shared__ int is_last;
   __syncthreads();
@@ -37,7 +31,7 @@ __device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kMa
   // Merge the warps of the CTA: thread i owns (row, dim) pairs i, i + blockDim.x, ... An unsplit
   // CTA writes out directly; a split one writes its state to the workspace.
   const int pair = b * p.num_heads_kv + kv_head;
-  float* const states = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + decode_states_offset(p.batch * p.num_heads_kv));
+  float* const states = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kiln_decode_states_offset(p.batch * p.num_heads_kv));
   float* const mine = splits > 1 ? states + (static_cast<long long>(pair) * splits + split) * kStateFloats : nullptr;
   for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
     const int r = i / kHeadDim, d = i % kHeadDim;

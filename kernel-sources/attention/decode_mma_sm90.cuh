@@ -137,8 +137,7 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   const int page_shift = __ffs(p.page_size) - 1;
 
   constexpr int stages = kDecodeStages;
-  const unsigned ring_shift = (kDecodeRingAlign - (shared_address(shared_bytes) & (kDecodeRingAlign - 1))) & (kDecodeRingAlign - 1);
-  unsigned char* const ring = shared_bytes + ring_shift + warp * Layout::kWarpBytes;
+  unsigned char* const ring = align_shared<kDecodeRingAlign>(shared_bytes) + warp * Layout::kWarpBytes;
   unsigned char* const v_staging = ring + stages * Layout::kStageBytes;  // e4m3 cache only
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
     kDTiles = kHeadDim / 8,
   };
   extern __shared__ unsigned char shared_raw[];
-  unsigned char* const q_tile = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  unsigned char* const q_tile = align_shared<1024>(shared_raw);
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
   // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
   auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };

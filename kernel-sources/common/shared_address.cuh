@@ -10,4 +10,12 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return a;
 }
 
+// `p` moved up to the next multiple of kAlign bytes of the shared window. Dynamic shared memory
+// starts right after a kernel's static arrays, only 16-byte aligned; the launch gives kAlign bytes
+// of slack.
+template <unsigned kAlign>
+__device__ __forceinline__ unsigned char* align_shared(unsigned char* p) {
+  return p + ((kAlign - (shared_address(p) & (kAlign - 1))) & (kAlign - 1));
+}
+
 }  // namespace kiln

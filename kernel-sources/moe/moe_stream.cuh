@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   if (tensor_cores) {
     // The pipelined tiles need 1024-byte-aligned stages (the swizzle atoms).
     extern __shared__ __align__(16) unsigned char moe_dynamic[];
-    unsigned char* stages = moe_dynamic + ((1024 - (shared_address(moe_dynamic) & 1023)) & 1023);
+    unsigned char* stages = align_shared<1024>(moe_dynamic);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
     grid_barrier(&barriers[1]);
@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     // shared memory follows the static arrays, 16 bytes past a boundary here, and the decode
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     extern __shared__ __align__(16) unsigned char moe_dynamic[];
-    const unsigned ring = ((shared_address(moe_dynamic) + 127u) & ~127u) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
+    const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier(&barriers[1]);
     moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
                                                                         act16, y, partials, ring);

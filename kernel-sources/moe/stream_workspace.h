@@ -16,11 +16,7 @@
 //             in the first half of the region, on the grouped-GEMM path)
 #pragma once
 
-#if defined(KILN_NVRTC) || defined(KILN_HIPRTC) || defined(KILN_HIP_CLANG)
-#define KILN_MOE_HOST_DEVICE __host__ __device__
-#else
-#define KILN_MOE_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 // The grouped-GEMM phases (moe/moe_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
 // dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
@@ -38,9 +34,9 @@ struct KilnMoeStreamWorkspace {
   long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
 };
 
-KILN_MOE_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
+KILN_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
 
-KILN_MOE_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long long tokens, long long top_k, long long experts,
+KILN_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long long tokens, long long top_k, long long experts,
                                                                              long long hidden, long long inter) {
   const long long pairs = tokens * top_k;
   KilnMoeStreamWorkspace w;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/decode_workspace.h"
 #include "attention/params.h"
 #include "kiln/registry.hpp"
 #include "kernels/signature_checks.hpp"
@@ -75,17 +76,13 @@ DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform) {
   return grid;
 }
 
-// The workspace of a split launch (decode_merge.cuh): a ticket per (sequence, KV head), then from
-// a 256-byte boundary one state per (sequence, KV head, split) of q_len x group rows: m, l and
-// head_dim accumulators, floats.
-size_t states_offset(int64_t pairs) { return static_cast<size_t>((4 * pairs + 255) & ~int64_t{255}); }
-
+// The workspace of a split launch: tickets and split states (attention/decode_workspace.h); none
+// unsplit.
 size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform) {
   const int64_t splits = decode_grid(p, platform).splits;
   if (splits == 1) return 0;
-  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / p.num_heads_kv);
-  return states_offset(pairs) + static_cast<size_t>(pairs * splits * rows * (p.head_dim + 2)) * sizeof(float);
+  return static_cast<size_t>(kiln_decode_workspace_bytes(static_cast<int64_t>(p.batch) * p.num_heads_kv, splits, rows, p.head_dim));
 }
 
 // One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
@@ -122,7 +119,7 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   };
   spec.workspace_zeroed_bytes = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnDecodeParams*>(params);
-    return 4 * static_cast<size_t>(p.batch) * static_cast<size_t>(p.num_heads_kv);
+    return static_cast<size_t>(kiln_decode_ticket_bytes(static_cast<int64_t>(p.batch) * p.num_heads_kv));
   };
   return spec;
 }
