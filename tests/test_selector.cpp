@@ -205,9 +205,9 @@ TEST(Selector, ConcurrentRegistrationAndSelection) {
 }
 
 // The tensor-core decode kernel's grid on an H200-sized part (132 SMs, 227 KB per block): batches
-// that fill the SMs run unsplit 4-warp CTAs with no workspace; smaller ones one 8-warp CTA per SM,
-// split without a cluster, with a workspace of one ticket per (sequence, KV head) and one state
-// per split.
+// that fill the SMs run unsplit 4-warp CTAs with no workspace; smaller ones 8-warp CTAs, one per
+// SM, grid (SMs / Hkv ranges, Hkv), with a workspace of one ticket per (sequence, KV head) and a
+// state per CTA; short contexts that leave no more ranges than sequences run unsplit 8-warp CTAs.
 TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   const auto spec = Registry::global().find("attention.decode.mma_split");
   ASSERT_TRUE(spec);
@@ -230,25 +230,26 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   };
   auto grid = [](const LaunchShape& s) { return std::array{s.grid[0], s.grid[1], s.grid[2], s.block[0], s.cluster[0]}; };
   const uint32_t warp_bytes_d128 = 2 * 16 * (2 * 136 + 2 * 136), warp_bytes_d64 = 2 * 16 * (2 * 96 + 2 * 72);
-  // A split state: 8 rows (group 8, q_len 1) of m, l and head_dim accumulators.
-  auto states = [](size_t states_per_row_set, int head_dim) { return states_per_row_set * 8 * (head_dim + 2) * sizeof(float); };
-  LaunchShape s = shape(8, 32768, 128);  // 64 pairs: 2 splits
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{2, 8, 8, 256, 0}));
+  // A piece state: 8 rows (group 8, q_len 1) of m, l and head_dim accumulators.
+  auto states = [](size_t count, int head_dim) { return count * 8 * (head_dim + 2) * sizeof(float); };
+  LaunchShape s = shape(8, 32768, 128);  // 8 sequences: 16 ranges x 8 KV heads
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
   EXPECT_EQ(s.dynamic_shared_bytes, 8 * warp_bytes_d128 + 128);  // + the rings' 128-byte alignment
-  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(64 * 2, 128));
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(16 * 8, 128));
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, h200), 64u * 4);
   s = shape(64, 4096, 64);  // 512 pairs: unsplit, no workspace
   EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 64, 128, 0}));
   EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d64 + 128);
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
-  s = shape(1, 131072, 64);  // 8 pairs: 16 splits
+  s = shape(1, 131072, 64);  // 16 ranges
   EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
-  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(8 * 16, 64));
-  s = shape(1, 131072, 128);  // 139 KB CTAs: no cluster to fit in one GPC
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
-  s = shape(1, 131072, 64, 1);  // one pair: at most 128 splits
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{128, 1, 1, 256, 0}));
-  s = shape(1, 320, 128);  // at least 256 tokens per split
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(16 * 8, 64));
+  s = shape(1, 131072, 64, 1);  // one KV head: a range per SM
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{132, 1, 1, 256, 0}));
+  s = shape(2, 384, 128);  // at least 256 tokens of the longest context per range: 3
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{3, 8, 1, 256, 0}));
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(3 * 8, 128));
+  s = shape(1, 320, 128);  // one range for one sequence: unsplit
   EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 1, 256, 0}));
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
 }

@@ -12,8 +12,9 @@
 // cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
 // V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale
 // and v_scale scales O.
-// Grid (splits, Hkv, batch), block 32 x warps (warps <= kDecodeMaxWarps), dynamic shared memory
-// warps x DecodeTileLayout::kWarpBytes; the merge and the workspace are decode_merge.cuh's.
+// Grid (1, Hkv, batch) unsplit or (G, Hkv) split, block 32 x warps (warps <= kDecodeMaxWarps),
+// dynamic shared memory warps x DecodeTileLayout::kWarpBytes + kDecodeRingAlign; which CTA
+// computes which tokens, the merge and the workspace are decode_merge.cuh's.
 #pragma once
 
 #include "attention/decode_merge.cuh"
@@ -73,20 +74,21 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
   constexpr int kRows = kQLen * kGroup;  // <= 16
-  constexpr int kTile = 16;                   // tokens per warp iteration
-  constexpr int kBlocks = kHeadDim / 32;      // 32-dimension blocks: two k-steps each
-  constexpr int kDTiles = kHeadDim / 8;       // n-tiles of O
+  constexpr int kTile = kDecodeTile;      // tokens per warp iteration
+  constexpr int kBlocks = kHeadDim / 32;  // 32-dimension blocks: two k-steps each
+  constexpr int kDTiles = kHeadDim / 8;   // n-tiles of O
 
   // Per warp Layout::kWarpBytes (from a 128-byte boundary); after the token loop the same memory
   // holds the per-warp softmax states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ float warp_m[kDecodeMaxWarps][kRows], warp_l[kDecodeMaxWarps][kRows];
+  __shared__ DecodeSegment piece;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, c = lane & 3;  // mma groupID and thread-in-group
-  const int splits = gridDim.x, split = blockIdx.x;
-  const int kv_head = blockIdx.y, b = blockIdx.z;
-  const int len = p.cache_seqlens[b];
+  decode_find_piece<kQLen>(p, piece);
+  if (piece.parts == 0) return;  // a range left over
+  const int kv_head = piece.kv_head, b = piece.b, len = piece.len;
 
   // A fragments of Q for every k-step, rows g and g + 8 (zeros beyond kRows), in the permuted order.
   unsigned qa[kBlocks][2][4];
@@ -118,14 +120,11 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
     }
   }
 
-  // Tiles start at multiples of 16 tokens (the masks drop what lies before `first`), so with
+  // Tiles start at multiples of 16 tokens (the masks drop what lies before the window), so with
   // page sizes that are powers of two from 16 up a tile never straddles a page: one page index
   // per tile.
   const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
-  const int first = max(0, len - kQLen - window) & ~(kTile - 1);
-  const int total = max(0, len - first);
-  const int share = ((total + splits - 1) / splits + kTile - 1) & ~(kTile - 1);
-  const int t0 = first + split * share, t1 = min(len, t0 + share);
+  const int t0 = piece.t0, t1 = piece.t1;
 
   float o[kDTiles][4];
 #pragma unroll
@@ -293,7 +292,7 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
       }
     }
   }
-  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, b, kv_head, split, splits);
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, piece);
 }
 
 }  // namespace kiln

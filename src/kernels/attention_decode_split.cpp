@@ -1,6 +1,7 @@
 // Registration of the split-KV decode kernel (sm_90+, kernel-sources/attention/decode_mma_sm90.cuh):
-// tensor cores over the GQA group, the sequence split over CTAs whose partial states the last one
-// to finish merges through the workspace (attention/decode_merge.cuh).
+// tensor cores over the GQA group; a small batch is split into ranges of about equal tiles, dealt to
+// its sequences by length, and the partial states of a (sequence, KV head) pair are merged through
+// the workspace by the last of its CTAs to finish (attention/decode_merge.cuh).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -13,10 +14,7 @@
 namespace kiln {
 namespace {
 
-// The last CTA of a (sequence, KV head) keeps two floats per split and row in shared memory
-// (decode_merge.cuh): 128 splits x 16 rows take 16 KB of the smallest CTA's 31 KB.
-constexpr int kMaxSplits = 128;
-constexpr int kMinTokensPerSplit = 256;
+constexpr int64_t kMinTokensPerRange = 256;
 
 // decode_mma_sm90's copy ring per warp: kDecodeStages in the kernel source. The rings start on a
 // 128-byte boundary, up to kDecodeRingAlign bytes into dynamic shared memory.
@@ -57,32 +55,39 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
   return static_cast<uint32_t>(kCopyStages * 16 * (k_row + v_row) + staging);
 }
 
-// Splits and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit
-// with 4 warps per CTA (up to three CTAs per SM). A smaller batch gets one CTA of 8 warps per SM:
-// the sequence is split over floor(SMs / pairs) CTAs (at most kMaxSplits, at least 256 tokens
-// each), so every busy SM holds the same work.
+// The grid and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit,
+// grid (1, Hkv, batch), 4 warps per CTA (up to three or four CTAs per SM). A smaller batch gets
+// 8-warp CTAs, one per SM: G = SMs / Hkv ranges (the Hkv CTAs of a range read the same tokens), at
+// least kMinTokensPerRange of the longest context each. When that leaves no more ranges than
+// sequences (short contexts), each pair gets one 8-warp CTA, unsplit.
 struct DecodeGrid {
-  int64_t splits;
+  int64_t ranges;  // 0: unsplit
   int64_t warps;
 };
 
-DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform) {
-  const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * p.num_heads_kv, 1);
+DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint32_t bytes_per_warp) {
+  const int64_t heads_kv = std::max(p.num_heads_kv, 1);
+  const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * heads_kv, 1);
   const int64_t max_context = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
   const int64_t sms = std::max(platform.multiprocessor_count, 1);
-  DecodeGrid grid{1, 4};
-  if (pairs < sms) grid = DecodeGrid{std::clamp<int64_t>(sms / pairs, 1, kMaxSplits), 8};
-  while (grid.splits > 1 && max_context / grid.splits < kMinTokensPerSplit) --grid.splits;
-  return grid;
+  // The split kernel counts the batch's tiles in 32 bits.
+  if (pairs >= sms || p.batch > kiln_decode_split_max_batch || p.batch * max_context >= (int64_t{1} << 31)) return DecodeGrid{0, 4};
+  const int64_t warps = 8;
+  // The last CTA of a pair keeps two floats per piece and row in its dynamic shared memory
+  // (decode_merge.cuh): at most this many pieces.
+  const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / heads_kv);
+  const int64_t max_parts = warps * bytes_per_warp / (8 * std::max<int64_t>(rows, 1));
+  const int64_t ranges = std::min({sms / heads_kv, max_parts, p.batch * max_context / kMinTokensPerRange});
+  return DecodeGrid{ranges > p.batch ? ranges : 0, warps};
 }
 
-// The workspace of a split launch: tickets and split states (attention/decode_workspace.h); none
+// The workspace of a split launch: tickets and piece states (attention/decode_workspace.h); none
 // unsplit.
-size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform) {
-  const int64_t splits = decode_grid(p, platform).splits;
-  if (splits == 1) return 0;
+size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache) {
+  const int64_t ranges = decode_grid(p, platform, warp_shared_bytes(p.head_dim, fp8_cache)).ranges;
+  if (ranges == 0) return 0;
   const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / p.num_heads_kv);
-  return static_cast<size_t>(kiln_decode_workspace_bytes(static_cast<int64_t>(p.batch) * p.num_heads_kv, splits, rows, p.head_dim));
+  return static_cast<size_t>(kiln_decode_workspace_bytes(p.batch, p.num_heads_kv, ranges, rows, p.head_dim));
 }
 
 // One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
@@ -105,17 +110,17 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnDecodeParams*>(params);
     const uint32_t bytes_per_warp = warp_shared_bytes(p.head_dim, fp8_cache);
-    const DecodeGrid grid = decode_grid(p, platform);
+    const DecodeGrid grid = decode_grid(p, platform, bytes_per_warp);
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>(grid.splits);
+    shape.grid[0] = grid.ranges > 0 ? static_cast<uint32_t>(grid.ranges) : 1u;
     shape.grid[1] = static_cast<uint32_t>(p.num_heads_kv);
-    shape.grid[2] = static_cast<uint32_t>(p.batch);
+    shape.grid[2] = grid.ranges > 0 ? 1u : static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(32 * grid.warps);
     shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * bytes_per_warp + kRingAlignSlack;
     return shape;
   };
-  spec.workspace_bytes = [](const void* params, const Platform& platform) {
-    return workspace_bytes(*static_cast<const KilnDecodeParams*>(params), platform);
+  spec.workspace_bytes = [fp8_cache](const void* params, const Platform& platform) {
+    return workspace_bytes(*static_cast<const KilnDecodeParams*>(params), platform, fp8_cache);
   };
   spec.workspace_zeroed_bytes = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnDecodeParams*>(params);

@@ -260,8 +260,10 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
 }
 
-// Every case runs on each decode kernel that accepts it: the tensor-core cluster kernel and the
-// reference.
+// Every case runs on each decode kernel that accepts it: the tensor-core split kernels and the
+// reference. With up to 15 sequences and 8 KV heads (and fewer heads: more sequences) the split
+// kernels deal ranges to sequences by their lengths; zero-length sequences, one-tile sequences and
+// ranges left over are among the cases.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
       {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
@@ -273,6 +275,8 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kBF16, false, 128, 8, 8, 64, 1, {65536, 1}, -1, false},  // 64k context
       {DType::kBF16, false, 128, 64, 8, 16, 1, {4096, 4000, 1, 0, 333, 4096, 2048, 17}, -1, true},
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
+      // Equal lengths: 16 ranges dealt 5 per sequence, one left over.
+      {DType::kBF16, false, 64, 64, 8, 16, 1, {5000, 5000, 5000}, -1, true},
       // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
       {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
       // 20 x 8 (sequence, KV head) pairs fill an H100/H200: unsplit 4-warp CTAs, three per SM
