@@ -261,9 +261,9 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
 }
 
 // Every case runs on each decode kernel that accepts it: the tensor-core split kernels and the
-// reference. With up to 15 sequences and 8 KV heads (and fewer heads: more sequences) the split
-// kernels deal ranges to sequences by their lengths; zero-length sequences, one-tile sequences and
-// ranges left over are among the cases.
+// reference. Below as many (sequence, KV head) pairs as SMs, the split kernels deal SMs / Hkv
+// ranges to the sequences by their lengths; zero-length sequences, one-tile sequences and ranges
+// left over are among the cases.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
       {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
@@ -277,6 +277,8 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
       // Equal lengths: 16 ranges dealt 5 per sequence, one left over.
       {DType::kBF16, false, 64, 64, 8, 16, 1, {5000, 5000, 5000}, -1, true},
+      // 12 KV heads: 11 ranges (132 SMs / 12) for 2 sequences.
+      {DType::kBF16, false, 64, 24, 12, 16, 1, {3000, 700}, -1, true},
       // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
       {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
       // 20 x 8 (sequence, KV head) pairs fill an H100/H200: unsplit 4-warp CTAs, three per SM
