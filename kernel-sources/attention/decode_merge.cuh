@@ -70,7 +70,7 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
     total = warp_sum_int(total);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
-    auto ranges_of = [](int tiles, int r) { return tiles < 0 ? 0 : tiles <= r ? 1 : (tiles + r - 1) / r; };
+    auto ranges_of = [](int n, int r) { return n < 0 ? 0 : n <= r ? 1 : (n + r - 1) / r; };  // n tiles, at most r a range
     // The smallest R with sum over sequences of max(1, ceil(tiles / R)) <= G. That sum lies in
     // [U / R, U / R + batch], so R lies in [ceil(U / G), ceil(U / (G - batch))] (G > batch).
     int lo = max(1, (total + ranges - 1) / ranges), hi = max(lo, (total + ranges - p.batch - 1) / (ranges - p.batch));
@@ -126,8 +126,8 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
 
 // Merges the states of the first `warps` warps (warp_acc[w][row][d], warp_m[w][row], warp_l[w][row]; rows
 // r = j * kGroup + g) over the warps of the CTA, then over the pieces of the segment's pair, adds
-// the sink, and writes out (and lse). `scratch` is shared memory the caller no longer needs, at
-// least 2 * parts * kRows floats (warp_acc's, once the warps are merged).
+// the sink, and writes out (and lse). Once the warps are merged, warp_acc's memory is scratch for
+// 2 * parts * kRows floats (the launch sizes it so).
 template <typename T, int kHeadDim, int kQLen, int kGroup, int kMaxWarps>
 __device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kMaxWarps][kQLen * kGroup][kHeadDim],
                                 float (&warp_m)[kMaxWarps][kQLen * kGroup], float (&warp_l)[kMaxWarps][kQLen * kGroup],

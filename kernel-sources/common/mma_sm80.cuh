@@ -71,8 +71,11 @@ __device__ __forceinline__ void copy16_async_or_zero(void* smem, const void* glo
 // The same, asking L2 to fetch the whole aligned 256-byte block from DRAM as one request: the
 // decode kernels read 128- and 256-byte K and V rows 16 bytes per lane (on an H200 2% faster at
 // B64 ctx4096 head_dim 64, neutral elsewhere; an L2 evict-first policy added nothing).
+__device__ __forceinline__ void copy16_async_or_zero_l2_256(unsigned smem, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void copy16_async_or_zero_l2_256(void* smem, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(global), "r"(valid ? 16 : 0) : "memory");
+  copy16_async_or_zero_l2_256(shared_address(smem), global, valid);
 }
 // Returns the value before the add (the MoE kernel's routing counts and GEMM tile claims).
 __device__ __forceinline__ int atomic_add_global(int* p, int v) {

@@ -249,12 +249,11 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return r;
 }
 
-// 16 bytes into shared memory (a shared-window address) like copy16_async_or_zero, and with
-// `prefetch` L2 fetches the whole aligned 256-byte block from DRAM (the next three steps' bytes of
-// the row).
+// copy16_async_or_zero, or with `prefetch` its form that has L2 fetch the whole aligned 256-byte
+// block (the next three steps' bytes of a weight row).
 __device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem, const void* global, bool valid, bool prefetch) {
   if (prefetch) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0) : "memory");
+    copy16_async_or_zero_l2_256(smem, global, valid);
   } else {
     copy16_async_or_zero(smem, global, valid);
   }
