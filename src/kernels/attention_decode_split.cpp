@@ -65,6 +65,9 @@ struct DecodeGrid {
   int64_t warps;
 };
 
+// Query rows per KV head, q_len x group: the rows of one softmax state.
+int64_t query_rows(const KilnDecodeParams& p) { return static_cast<int64_t>(p.q_len) * (p.num_heads_q / std::max(p.num_heads_kv, 1)); }
+
 DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint32_t bytes_per_warp) {
   const int64_t heads_kv = std::max(p.num_heads_kv, 1);
   const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * heads_kv, 1);
@@ -75,8 +78,7 @@ DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint
   const int64_t warps = 8;
   // The last CTA of a pair keeps two floats per piece and row in its dynamic shared memory
   // (decode_merge.cuh): at most this many pieces.
-  const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / heads_kv);
-  const int64_t max_parts = warps * bytes_per_warp / (8 * std::max<int64_t>(rows, 1));
+  const int64_t max_parts = warps * bytes_per_warp / (8 * std::max<int64_t>(query_rows(p), 1));
   const int64_t ranges = std::min({sms / heads_kv, max_parts, p.batch * max_context / kMinTokensPerRange});
   return DecodeGrid{ranges > p.batch ? ranges : 0, warps};
 }
@@ -86,8 +88,7 @@ DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint
 size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache) {
   const int64_t ranges = decode_grid(p, platform, warp_shared_bytes(p.head_dim, fp8_cache)).ranges;
   if (ranges == 0) return 0;
-  const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads_q / p.num_heads_kv);
-  return static_cast<size_t>(kiln_decode_workspace_bytes(p.batch, p.num_heads_kv, ranges, rows, p.head_dim));
+  return static_cast<size_t>(kiln_decode_workspace_bytes(p.batch, p.num_heads_kv, ranges, query_rows(p), p.head_dim));
 }
 
 // One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
