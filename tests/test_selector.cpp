@@ -300,6 +300,16 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   const unsigned char scale = 127;
   p.w13_scale = &scale;  // MXFP4 weights
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
+  // Up to 16 tokens, x follows the rings (each CTA routes locally), where the GPU has the room.
+  p.num_tokens = 16;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings + 16 * 2880 * 2);
+  p.num_tokens = 17;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
+  const Platform sm86 = platform_for_target("sm_86");  // 99 KB
+  p.num_tokens = 1;
+  EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings + 2880 * 2);
+  p.num_tokens = 4;
+  EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
   // The MXFP4 rings are smaller than the GEMMs' stages (the kernel tells them apart by size), and
   // the kernel's static shared memory (20 KB: the expert tables and the mma.sync phases' partial
   // sums) fits beside either, the rings also in the 99 KB of sm_86, sm_89 and sm_120.

@@ -4,8 +4,8 @@
 //   route    a warp per token: top-k by warp arg-max (ties go to the lower expert, as in the
 //            reference), the weights, and a count per expert;
 //   group    every (token, slot) pair listed under its expert;
-//            (with bf16 weights and at most 16 tokens on the streaming phases, every CTA routes and
-//            groups all tokens itself in shared memory, and neither needs a grid barrier);
+//            (with at most 16 tokens on the streaming phases, every CTA routes and groups all
+//            tokens itself in shared memory, and neither needs a grid barrier);
 //   up       tile (expert, chunk of up to 8 of its pairs, 8 intermediate units): the gate and up
 //            rows of the units against the chunk's tokens on mma.sync, then the activation: act;
 //   down     tile (expert, chunk, 16 hidden rows of W2) against the chunk's act rows: y, bias
@@ -154,6 +154,24 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
   }
 }
 
+// Eight bf16 in the MXFP4 path's k order: (x0, x4) (x1, x5) (x2, x6) (x3, x7).
+__device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
+  Bf16x8 r;
+  r.w[0] = byte_permute(v.w[0], v.w[2], 0x5410u);
+  r.w[1] = byte_permute(v.w[0], v.w[2], 0x7632u);
+  r.w[2] = byte_permute(v.w[1], v.w[3], 0x5410u);
+  r.w[3] = byte_permute(v.w[1], v.w[3], 0x7632u);
+  return r;
+}
+
+// Whether every CTA routes all tokens itself (see the kernel): at most a token per warp on the
+// streaming phases, and for MXFP4 the launch's room for x after the rings.
+template <int kFormat>
+__device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
+  if (p.num_tokens > kMoeStreamWarps || tensor_cores) return false;
+  return kFormat == kWeightsBf16 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+}
+
 // A pair index of the grouped list: from this CTA's shared memory (local routing), or from the
 // workspace, written by other CTAs before the last grid barrier (through L2, see load_l2).
 __device__ __forceinline__ int read_pair(const int* pairs, int i, bool local) { return local ? pairs[i] : load_l2(&pairs[i]); }
@@ -183,8 +201,9 @@ __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int
 // MXFP4 values become bf16 in a few integer operations and are multiplied by their scale in bf16,
 // exactly (an e2m1 value times a power of two is a bf16 unless it overflows, which f32 would too).
 // The decode pairs values i and i + 4 of each 8 (see e2m1x8_to_tiny_bf16x2), so the MMA's k order
-// within every 8 values is 0 4 1 5 2 6 3 7 for MXFP4: x is copied once in that order into the
-// workspace (x_reordered) and act is written in it.
+// within every 8 values is 0 4 1 5 2 6 3 7 for MXFP4: x is copied once in that order (into each
+// CTA's shared memory when it routes locally, else into the workspace's x_reordered) and act is
+// written in it.
 enum { kMoeTileRows = 16 };
 
 // A lane's weights of one step: 16 bytes of rows g and g + 8, and (MXFP4) their e8m0 scale bits.
@@ -294,9 +313,10 @@ __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int 
 }
 
 // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's up
-// reads the caller's x (read-only: the non-coherent path); MXFP4's up the reordered copy, and down
-// act, both written earlier in this launch: plain weak loads, ordered by the grid barrier since,
-// which the L1 may serve (every lane of a warp reads the same few rows).
+// reads the caller's x (read-only: the non-coherent path); MXFP4's up the reordered copy (a
+// generic load: this CTA's shared memory or the workspace), and down act, both written earlier in
+// this launch: plain weak loads, ordered by the barrier since, which the L1 may serve (every lane
+// of a warp reads the same few rows).
 template <int kFormat, bool kUp>
 __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(const MoeMmaTile& tile, int piece, int pieces) {
   using Acts = MoeStepActivations<kFormat>;
@@ -307,6 +327,8 @@ __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(con
     Bf16x8 v;
     if (kUp && kFormat == kWeightsBf16) {
       v = load16(b + 8 * q);
+    } else if (kUp) {  // generic: this CTA's shared copy of x, or the workspace's
+      asm volatile("ld.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(b + 8 * q) : "memory");
     } else {
       asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(b + 8 * q) : "memory");
     }
@@ -595,19 +617,20 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
 
   // The launch gives the dynamic shared memory of the grouped GEMMs when the token count pays for
   // them (src/kernels/moe_stream.cpp), else the weight rings of the streaming phases (smaller).
-  bool tensor_cores = false;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   unsigned dynamic_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+  bool tensor_cores = false;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   tensor_cores = kFormat == kWeightsBf16 && dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES;
 #endif
-  // Local routing: with bf16 weights, at most a token per warp and the streaming phases, every CTA
-  // routes every token itself and keeps ids, weights, counts and the grouped pair list in its own
-  // shared memory, so no grid barrier is left before up (the workspace's ids, weights and pairs
-  // are then unused). On an H200, GPT-OSS-120B at T = 1: 0.073 ms against 0.075. MXFP4 keeps the
-  // barrier after routing for its copy of x, and there local routing gained nothing (0.049 ms
-  // against 0.048).
-  const bool local = kFormat == kWeightsBf16 && p.num_tokens <= kMoeStreamWarps && !tensor_cores;
+  // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
+  // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
+  // memory, so no grid barrier is left before up (the workspace's ids, weights and pairs are then
+  // unused). MXFP4 also keeps its copy of x in the k order there, after the rings, when the launch
+  // gave room for it (kiln_moe_local_x_bytes). On an H200, GPT-OSS-120B at T = 1: bf16 0.073 ms
+  // against 0.075; MXFP4 0.047 against 0.050 (with a grid barrier kept for the copy of x in the
+  // workspace, local routing had gained nothing).
+  const bool local = moe_routes_locally<kFormat>(p, tensor_cores, dynamic_bytes);
   __shared__ int local_ids[kMoeStreamWarps * kMoeMaxTopK], local_pairs[kMoeStreamWarps * kMoeMaxTopK];
   __shared__ float local_weights[kMoeStreamWarps * kMoeMaxTopK];
   __shared__ int local_counts[kMoeStreamMaxExperts];  // then each expert's next slot in local_pairs
@@ -625,17 +648,15 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       route_token_warp<kRouting, kLogitsBf16>(p, t, lane, route_ids, route_weights, route_counts, local);
     }
   }
-  if (kFormat == kWeightsMxfp4) {
+  // Dynamic shared memory: the grouped GEMMs' stages, or the MXFP4 rings, then (local) x.
+  extern __shared__ __align__(16) unsigned char moe_dynamic[];
+  bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kMoeStreamWarps * kMoeRingStages * kMoeRingStageBytes);
+  if (kFormat == kWeightsMxfp4) {  // this CTA's copy (local) or the workspace's, by the whole grid
+    bf16* x_ordered = local ? x_local : x_reordered;
     const int per_row = p.hidden / 8;
-    for (long long i = thread; i < static_cast<long long>(p.num_tokens) * per_row; i += threads) {
+    for (long long i = local ? threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row; i += local ? blockDim.x : threads) {
       const long long t = i / per_row, c = i % per_row;
-      const Bf16x8 v = load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c);
-      Bf16x8 r;  // (x0, x4) (x1, x5) (x2, x6) (x3, x7)
-      r.w[0] = byte_permute(v.w[0], v.w[2], 0x5410u);
-      r.w[1] = byte_permute(v.w[0], v.w[2], 0x7632u);
-      r.w[2] = byte_permute(v.w[1], v.w[3], 0x5410u);
-      r.w[3] = byte_permute(v.w[1], v.w[3], 0x7632u);
-      *reinterpret_cast<Bf16x8*>(x_reordered + t * p.hidden + 8 * c) = r;
+      *reinterpret_cast<Bf16x8*>(x_ordered + t * p.hidden + 8 * c) = mxfp4_k_order(load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c));
     }
   }
   if (local) __syncthreads();
@@ -713,7 +734,6 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
     // The pipelined tiles need 1024-byte-aligned stages (the swizzle atoms).
-    extern __shared__ __align__(16) unsigned char moe_dynamic[];
     unsigned char* stages = align_shared<1024>(moe_dynamic);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
@@ -728,12 +748,11 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   if (!tensor_cores) {
     __shared__ float partials[2][kMoeStreamWarps][kWarp][4];
     bf16* act16 = reinterpret_cast<bf16*>(act);
-    const bf16* x = kFormat == kWeightsMxfp4 ? x_reordered : static_cast<const bf16*>(p.x);
+    const bf16* x = kFormat == kWeightsMxfp4 ? (local ? x_local : x_reordered) : static_cast<const bf16*>(p.x);
     const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;
     // The MXFP4 rings start on a 128-byte boundary (the launch gives 128 bytes of slack): dynamic
     // shared memory follows the static arrays, 16 bytes past a boundary here, and the decode
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
-    extern __shared__ __align__(16) unsigned char moe_dynamic[];
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier(&barriers[1]);
     moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
@@ -752,7 +771,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   // their ids and weights, then their y values, all in flight before any is used (slot by slot
   // the loop waited on L2 twice per slot).
   // `local`, recomputed: kept live through the grouped GEMMs it made ptxas spill there.
-  const bool routed_here = kFormat == kWeightsBf16 && !tensor_cores && p.num_tokens <= kMoeStreamWarps;
+  const bool routed_here = moe_routes_locally<kFormat>(p, tensor_cores, dynamic_bytes);
   const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;
   const long long items = static_cast<long long>(p.num_tokens) * per_token;
   for (long long i = thread; i < items; i += threads) {

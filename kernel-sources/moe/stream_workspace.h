@@ -9,7 +9,8 @@
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)
 //   weights   [T * k] float, routing weight per (token, slot)
 //   pairs     [T * k] int, (token * k + slot) grouped by expert
-//   x_reordered  [T, H] bf16, x in the MXFP4 path's k order (written only for MXFP4 weights)
+//   x_reordered  [T, H] bf16, x in the MXFP4 path's k order (written only for MXFP4 weights, and
+//             not when every CTA routes locally and keeps its own copy)
 //   act       [T * k, I] bf16 (the first half of the region), the activated intermediate vector
 //             of each (token, slot)
 //   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
@@ -29,6 +30,11 @@
 // 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
 #define KILN_MOE_RING_STAGES 3
 #define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)
+// With MXFP4 weights and at most 16 tokens (a token per warp), every CTA routes all tokens itself
+// and keeps x, in the MXFP4 k order, in shared memory after the rings: the launch adds these
+// bytes when the GPU has room for them (src/kernels/moe_stream.cpp), and the kernel routes locally
+// when it finds them.
+KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) { return tokens <= 16 ? 2 * tokens * hidden : 0; }
 
 struct KilnMoeStreamWorkspace {
   long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;

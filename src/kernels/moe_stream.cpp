@@ -31,6 +31,15 @@ bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
          p.hidden >= 192 && p.intermediate >= 192 && static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
 }
 
+// The MXFP4 rings, and after them x for local routing where the GPU's shared memory holds it
+// beside the kernel's static arrays (about 26 KB; kStaticSharedSlack leaves room to spare).
+uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& platform) {
+  constexpr long long kStaticSharedSlack = 32 * 1024;
+  const long long with_x = KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+  const bool fits = with_x + kStaticSharedSlack <= static_cast<long long>(platform.shared_memory_per_block);
+  return static_cast<uint32_t>(fits ? with_x : KILN_MOE_RING_BYTES);
+}
+
 KernelSpec moe_stream_spec() {
   KernelSpec spec;
   spec.name = "moe.apply.stream";
@@ -52,7 +61,8 @@ KernelSpec moe_stream_spec() {
   // One CTA of 512 threads per SM (at most 128 registers each, about 20 KB of static shared
   // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
   // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
-  // selects them) and the MXFP4 weight rings of the streaming phases (60 KB); none otherwise.
+  // selects them) and the MXFP4 weight rings of the streaming phases (60 KB), then x for up to 16
+  // tokens routed locally; none otherwise.
   spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
@@ -60,7 +70,7 @@ KernelSpec moe_stream_spec() {
     shape.cooperative = true;
     const auto& p = *static_cast<const KilnMoeParams*>(params);
     const bool mxfp4 = p.w13_scale != nullptr;
-    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : mxfp4 ? KILN_MOE_RING_BYTES : 0;
+    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : mxfp4 ? mxfp4_streaming_shared_bytes(p, platform) : 0;
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {

@@ -431,6 +431,9 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       // 128 and 256 experts (4 and 8 router logits per lane), many tokens per expert (chunks).
       {false, 8, 256, 128, 128, 4, 0, true, 1, true, false, false},
       {true, 20, 64, 32, 256, 8, 1, false, 0, false, true, false},
+      // MXFP4 at the most tokens every CTA routes itself (x in its shared memory) and one more.
+      {true, 16, 256, 128, 8, 4, 0, true, 1, true, true, false},
+      {true, 17, 256, 128, 8, 4, 1, true, 0, false, false, false},
       {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
       // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I from 192): one
       // expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles with
