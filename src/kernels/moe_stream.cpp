@@ -58,7 +58,7 @@ KernelSpec moe_stream_spec() {
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
   };
-  // One CTA of 512 threads per SM (at most 128 registers each, about 20 KB of static shared
+  // One CTA of 512 threads per SM (at most 128 registers each, about 26 KB of static shared
   // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
   // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
   // selects them) and the MXFP4 weight rings of the streaming phases (60 KB), then x for up to 16
