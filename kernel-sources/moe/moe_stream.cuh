@@ -164,11 +164,11 @@ __device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
   return r;
 }
 
-// Whether every CTA routes all tokens itself (see the kernel): at most a token per warp on the
-// streaming phases, and for MXFP4 the launch's room for x after the rings.
+// Whether every CTA routes all tokens itself (see the kernel): at most KILN_MOE_LOCAL_MAX_TOKENS
+// on the streaming phases, and for MXFP4 the launch's room for x after the rings.
 template <int kFormat>
 __device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
-  if (p.num_tokens > kMoeStreamWarps || tensor_cores) return false;
+  if (p.num_tokens > KILN_MOE_LOCAL_MAX_TOKENS || tensor_cores) return false;
   return kFormat == kWeightsBf16 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
 }
 
@@ -631,8 +631,8 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   // against 0.075; MXFP4 0.047 against 0.050 (with a grid barrier kept for the copy of x in the
   // workspace, local routing had gained nothing).
   const bool local = moe_routes_locally<kFormat>(p, tensor_cores, dynamic_bytes);
-  __shared__ int local_ids[kMoeStreamWarps * kMoeMaxTopK], local_pairs[kMoeStreamWarps * kMoeMaxTopK];
-  __shared__ float local_weights[kMoeStreamWarps * kMoeMaxTopK];
+  __shared__ int local_ids[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK], local_pairs[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK];
+  __shared__ float local_weights[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK];
   __shared__ int local_counts[kMoeStreamMaxExperts];  // then each expert's next slot in local_pairs
   if (local) {
     for (int e = threadIdx.x; e < experts; e += blockDim.x) local_counts[e] = 0;

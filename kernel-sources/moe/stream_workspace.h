@@ -30,11 +30,14 @@
 // 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
 #define KILN_MOE_RING_STAGES 3
 #define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)
-// With MXFP4 weights and at most 16 tokens (a token per warp), every CTA routes all tokens itself
-// and keeps x, in the MXFP4 k order, in shared memory after the rings: the launch adds these
-// bytes when the GPU has room for them (src/kernels/moe_stream.cpp), and the kernel routes locally
-// when it finds them.
-KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) { return tokens <= 16 ? 2 * tokens * hidden : 0; }
+// Up to this many tokens every CTA routes all tokens itself (its shared routing lists hold them).
+// With MXFP4 weights it also keeps x, in the MXFP4 k order, in shared memory after the rings: the
+// launch adds kiln_moe_local_x_bytes when the GPU has room for them (src/kernels/moe_stream.cpp),
+// and the kernel routes locally when it finds them.
+#define KILN_MOE_LOCAL_MAX_TOKENS 16
+KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) {
+  return tokens <= KILN_MOE_LOCAL_MAX_TOKENS ? 2 * tokens * hidden : 0;
+}
 
 struct KilnMoeStreamWorkspace {
   long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
