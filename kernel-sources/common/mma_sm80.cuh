@@ -17,14 +17,23 @@ __device__ __forceinline__ Bf16x8 load16(const void* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
 }
+// An L2 cache policy under which the lines a load or copy brings in are evicted first: for data
+// read once per launch (the MoE weights), so that it does not push out what is read again (the
+// kernel's own code, its workspace).
+__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
 // 16 read-only bytes, or zeros when `valid` is false (the load is then not issued), asking L2 to
 // fetch the whole aligned 256-byte block: for rows read 16 bytes per lane a few steps apart.
-__device__ __forceinline__ Bf16x8 load16_l2_256(const void* p, bool valid) {
+// `policy`: an L2 cache policy (createpolicy).
+__device__ __forceinline__ Bf16x8 load16_l2_256(const void* p, bool valid, unsigned long long policy) {
   Bf16x8 v;
   asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-               "@q ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+               "@q ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n\t}"
                : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p), "r"(static_cast<int>(valid)));
+               : "l"(p), "r"(static_cast<int>(valid)), "l"(policy));
   return v;
 }
 

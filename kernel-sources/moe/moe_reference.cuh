@@ -31,7 +31,8 @@ __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* 
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= (ids[i] == e);
       const float l = logit<kLogitsBf16>(p, token, e);
-      if (!taken && (best < 0 || l > best_logit)) { best = e; best_logit = l; }
+      const bool above = l > best_logit || (best_logit != best_logit && l == l);  // a NaN ranks below every number
+      if (!taken && (best < 0 || above)) { best = e; best_logit = l; }
     }
     ids[j] = best;
     weights[j] = expf(best_logit - max_logit);  // max over all is also max over the chosen

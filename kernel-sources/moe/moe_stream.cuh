@@ -81,6 +81,25 @@ __device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
   return r;
 }
+// The arg-max of routing, by redux.sync (sm_80+) on keys ordered as the logits: a larger logit has
+// a larger key, -0 and +0 share one, and a NaN takes 1, below every number (NaN logits are chosen
+// last, by expert, as in the reference kernel); 0 marks an expert out of the running.
+__device__ __forceinline__ u32 logit_key(float v) {
+  if (v != v) return 1u;
+  const u32 bits = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+__device__ __forceinline__ float key_logit(u32 key) { return __uint_as_float((key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key); }
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+  u32 r;
+  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ u32 warp_min_u32(u32 v) {
+  u32 r;
+  asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+  return r;
+}
 // One routed token, by one warp: lane j < top_k ends with slot j's expert (-1 when a precomputed
 // id is outside [0, E)) and weight, written to `ids` and `weights` (the workspace, or this CTA's
 // shared memory when it routes every token itself), and the expert's count raised (in `counts`,
@@ -96,48 +115,44 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
       w = p.topk_weights[t * p.topk_row_stride + lane];
     }
   } else {
+    // Lane l holds experts l + 32 i as logits and as keys (logit_key; 0 once taken or past E).
     constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
     float l[kPerLane];
-    float max_logit = neg_inf();
+    u32 key[kPerLane], lane_max = 0u;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + kWarp * i;
       l[i] = e < experts ? logit<kLogitsBf16>(p, t, e) : neg_inf();
-      max_logit = fmaxf(max_logit, l[i]);
+      key[i] = e < experts ? logit_key(l[i]) : 0u;
+      lane_max = max(lane_max, key[i]);
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
+    const float max_logit = key_logit(warp_max_u32(lane_max));
     float total = 0.0f;
     if (kRouting == kRoutingSoftmaxTopk) {
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) total += lane + kWarp * i < experts ? expf(l[i] - max_logit) : 0.0f;
       total = warp_sum(total);
     }
-    u32 taken = 0;  // bit i: expert lane + 32 i is chosen
+    // Arg-max k times: the largest key in the warp, then the lowest expert holding it (two
+    // redux.sync; on an H200 the shuffle tree this replaces took 1.6 us of GPT-OSS's T = 1).
     for (int j = 0; j < k; ++j) {
-      float best = neg_inf();
-      int best_e = 0x7fffffff;
+      u32 best = 0u, best_e = 0xFFFFFFFFu;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + kWarp * i;
-        if (e < experts && !((taken >> i) & 1u) && (best_e == 0x7fffffff || l[i] > best)) {
-          best = l[i];
-          best_e = e;
+        if (key[i] > best) {  // strictly: the lowest of the lane's equal keys stays
+          best = key[i];
+          best_e = static_cast<u32>(lane + kWarp * i);
         }
       }
+      const u32 top = warp_max_u32(best);
+      const u32 chosen_e = warp_min_u32(best == top ? best_e : 0xFFFFFFFFu);
 #pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
-        if (other_e != 0x7fffffff && (best_e == 0x7fffffff || other > best || (other == best && other_e < best_e))) {
-          best = other;
-          best_e = other_e;
-        }
+      for (int i = 0; i < kPerLane; ++i) {
+        if (static_cast<u32>(lane + kWarp * i) == chosen_e) key[i] = 0u;
       }
-      if ((best_e & (kWarp - 1)) == lane) taken |= 1u << (best_e / kWarp);
       if (lane == j) {
-        id = best_e;
-        w = expf(best - max_logit);  // the max over all experts is also the max over the chosen
+        id = top == 0u ? -1 : static_cast<int>(chosen_e);  // top 0: fewer than k experts
+        w = expf(key_logit(top) - max_logit);               // the max over all experts is also the max over the chosen
       }
     }
     const float chosen = warp_sum(lane < k ? w : 0.0f);
@@ -244,8 +259,8 @@ struct MoeRowDistance {
 };
 
 // 4 bytes from global to shared memory (a shared-window address), or 4 zero bytes when `valid` is false.
-__device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0) : "memory");
+__device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy) : "memory");
 }
 // The 4-byte-aligned word holding the byte at p (never crosses a page: it shares p's aligned word).
 __device__ __forceinline__ const void* aligned_word(const u8* p) {
@@ -268,34 +283,36 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return r;
 }
 
-// copy16_async_or_zero, or with `prefetch` its form that has L2 fetch the whole aligned 256-byte
-// block (the next three steps' bytes of a weight row).
-__device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem, const void* global, bool valid, bool prefetch) {
+// copy16_async_or_zero under an L2 cache policy, or with `prefetch` its form that has L2 fetch the
+// whole aligned 256-byte block (the next three steps' bytes of a weight row).
+__device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem, const void* global, bool valid, bool prefetch,
+                                                                  unsigned long long policy) {
   if (prefetch) {
-    copy16_async_or_zero_l2_256(smem, global, valid);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy)
+                 : "memory");
   } else {
-    copy16_async_or_zero(smem, global, valid);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy) : "memory");
   }
 }
 // Copies one step's MXFP4 weights of `tile` (piece `piece` of rows g and g + 8, and their scales)
-// into a ring stage (its shared-window address).
+// into a ring stage (its shared-window address), under the L2 `policy`.
 __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces,
-                                                  bool l2_prefetch) {
+                                                  bool l2_prefetch, unsigned long long policy) {
   const bool valid = piece < pieces;
-  copy16_async_or_zero_maybe_l2_256(stage + 16 * lane, tile.row_lo + 16 * piece, valid && tile.lo_valid, l2_prefetch);
-  copy16_async_or_zero_maybe_l2_256(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid, l2_prefetch);
+  copy16_async_or_zero_maybe_l2_256(stage + 16 * lane, tile.row_lo + 16 * piece, valid && tile.lo_valid, l2_prefetch, policy);
+  copy16_async_or_zero_maybe_l2_256(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid, l2_prefetch, policy);
   const u8* scale = tile.scale_lo + piece;
-  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid);
-  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid);
+  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid, policy);
+  copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid, policy);
 }
 // bf16 weights of one step straight into registers. A step reads 64 bytes of each row and the next
 // three steps the rest, so L2 fetches each row's 256 bytes at once (on an H200 at T = 1 the
 // streaming phases took 0.081 ms against 0.089 without the hint).
-__device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces) {
+__device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces, unsigned long long policy) {
   MoeStepWeights w;
   const bool valid = piece < pieces;
-  w.lo = load16_l2_256(tile.row_lo + 16 * piece, valid && tile.lo_valid);
-  w.hi = load16_l2_256(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid);
+  w.lo = load16_l2_256(tile.row_lo + 16 * piece, valid && tile.lo_valid, policy);
+  w.hi = load16_l2_256(tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid, policy);
   w.scale_lo = w.scale_hi = 0u;
   return w;
 }
@@ -400,12 +417,14 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // unit above another (before, a warp or a group of warps took whole tiles, and at T = 1 a third of
 // the warps had none). A tile may thus be split between neighbouring warps, whose sums meet in
 // `partials` (its first warp's in [1], each later warp's in [0]) after a CTA barrier; the first
-// warp applies the epilogue. `ring` is this warp's weight ring. up's B is `x` (rows
+// warp applies the epilogue. `ring` is this warp's weight ring. With `barrier_after_first_copies`
+// (down), the phase takes that grid barrier once its first weight copies are issued. up's B is `x` (rows
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
-                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring) {
+                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring,
+                              unsigned* barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
   constexpr bool kRing = kFormat == kWeightsMxfp4;
   constexpr int kStages = kMoeRingStages, kStageBytes = kMoeRingStageBytes;
@@ -500,12 +519,15 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // took 0.179 ms against 0.185, at T = 64 0.645 against 0.656; at T = 1 (about 16) the hint cost
   // 2% (0.0500 against 0.0492), so few units go without.
   const bool l2_prefetch = unit_end - unit_begin >= kMoeL2PrefetchUnits;
+  // The weights are read once per launch: evicted first from L2, they leave the kernel's code and
+  // workspace there (on an H200, GPT-OSS MXFP4 at T = 1 0.0452 ms against 0.0467 without).
+  const unsigned long long weight_policy = l2_evict_first_policy();
   long long copy_unit = unit_begin;
   int copy_tile = static_cast<int>(unit_begin / steps), copy_step = static_cast<int>(unit_begin % steps), copy_stage = 0;
   MoeMmaTile copy_view = make_tile(global_tile(copy_tile), false);
   auto copy_ahead = [&]() {
     if (copy_unit < unit_end) {
-      copy_step_weights(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * copy_step + t, pieces, l2_prefetch);
+      copy_step_weights(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * copy_step + t, pieces, l2_prefetch, weight_policy);
       ++copy_unit;
       if (++copy_step == steps) {
         copy_step = 0;
@@ -519,12 +541,16 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 #pragma unroll
     for (int i = 0; i + 1 < kStages; ++i) copy_ahead();
   }
+  // down waits for every CTA's act here, its first weight copies already in flight (they do not
+  // depend on act): on an H200, GPT-OSS MXFP4 at T = 1 0.0467 ms against 0.0479 with the barrier
+  // before them.
+  if (barrier_after_first_copies != nullptr) grid_barrier(barrier_after_first_copies);
 
   int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
   MoeMmaTile current = make_tile(global_tile(tile), true), next = make_tile(global_tile(tile + 1), true);
   Acts acts = load_step_activations<kFormat, kUp>(current, 4 * step + t, pieces);
   MoeStepWeights loaded;  // bf16: this step's weights, loaded one step ahead
-  if (!kRing) loaded = load_step_weights(current, hi, 4 * step + t, pieces);
+  if (!kRing) loaded = load_step_weights(current, hi, 4 * step + t, pieces, weight_policy);
   // One step: loads the following step's activations (and bf16 weights) from `ahead_tile` first.
   auto compute_step = [&](float (&acc)[4], int step, const MoeMmaTile& ahead_tile, int ahead_piece) {
     const Acts acts_ahead = load_step_activations<kFormat, kUp>(ahead_tile, ahead_piece, pieces);
@@ -536,7 +562,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
       stage = stage + 1 == kStages ? 0 : stage + 1;
     } else {
       w = loaded;
-      loaded = load_step_weights(ahead_tile, hi, ahead_piece, pieces);
+      loaded = load_step_weights(ahead_tile, hi, ahead_piece, pieces, weight_policy);
     }
     if (kFormat == kWeightsMxfp4 && __any_sync(0xffffffffu, max(w.scale_lo, w.scale_hi) > 128u)) {
       mma_step<kFormat, true>(acc, w, acts);
@@ -756,10 +782,9 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier(&barriers[1]);
     moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                        act16, y, partials, ring);
-    grid_barrier(&barriers[2]);
+                                                                        act16, y, partials, ring, nullptr);
     moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                         act16, y, partials, ring);
+                                                                         act16, y, partials, ring, &barriers[2]);
   }
   grid_barrier(&barriers[3]);
 

@@ -113,7 +113,8 @@ std::vector<double> moe_reference(const MoeProblem& p) {
       const double* l = &p.logits[t * E];
       std::vector<int> order(E);
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+      // Descending, ties and NaNs (below every number) in expert order, as the kernels rank them.
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b] || (std::isnan(l[b]) && !std::isnan(l[a])); });
       const double max_logit = l[order[0]];
       double all = 0, chosen = 0;
       for (size_t e = 0; e < E; ++e) all += std::exp(l[e] - max_logit);
