@@ -680,7 +680,9 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   if (kFormat == kWeightsMxfp4) {  // this CTA's copy (local) or the workspace's, by the whole grid
     bf16* x_ordered = local ? x_local : x_reordered;
     const int per_row = p.hidden / 8;
-    for (long long i = local ? threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row; i += local ? blockDim.x : threads) {
+    // Local: the last warps copy first, so that the routing warps (the first) have the least to
+    // copy after routing (on an H200, GPT-OSS MXFP4 at T = 1 0.0447 ms against 0.0451).
+    for (long long i = local ? blockDim.x - 1 - threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row; i += local ? blockDim.x : threads) {
       const long long t = i / per_row, c = i % per_row;
       *reinterpret_cast<Bf16x8*>(x_ordered + t * p.hidden + 8 * c) = mxfp4_k_order(load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c));
     }
