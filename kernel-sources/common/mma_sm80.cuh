@@ -86,6 +86,14 @@ __device__ __forceinline__ void copy16_async_or_zero_l2_256(unsigned smem, const
 __device__ __forceinline__ void copy16_async_or_zero_l2_256(void* smem, const void* global, bool valid) {
   copy16_async_or_zero_l2_256(shared_address(smem), global, valid);
 }
+// copy16_async_or_zero and copy16_async_or_zero_l2_256 under an L2 cache policy (createpolicy).
+__device__ __forceinline__ void copy16_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void copy16_async_or_zero_l2_256(unsigned smem, const void* global, bool valid, unsigned long long policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
 // Returns the value before the add (the MoE kernel's routing counts and GEMM tile claims).
 __device__ __forceinline__ int atomic_add_global(int* p, int v) {
   int old;

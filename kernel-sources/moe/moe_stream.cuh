@@ -289,10 +289,9 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
 __device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem, const void* global, bool valid, bool prefetch,
                                                                   unsigned long long policy) {
   if (prefetch) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy)
-                 : "memory");
+    copy16_async_or_zero_l2_256(smem, global, valid, policy);
   } else {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy) : "memory");
+    copy16_async_or_zero(smem, global, valid, policy);
   }
 }
 // Copies one step's MXFP4 weights of `tile` (piece `piece` of rows g and g + 8, and their scales)
