@@ -273,6 +273,15 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   // Only the counters are cleared before each launch, not the 755 MB.
   ASSERT_TRUE(spec->workspace_zeroed_bytes);
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
+  // Routed locally (at most 16 tokens, streaming phases), nothing is: no memset before the launch.
+  p.num_tokens = 16;
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, platform_for_target("sm_90")), 0u);
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});  // bf16 on the grouped GEMMs
+  const unsigned char scale = 127;
+  p.w13_scale = &scale;  // MXFP4: x fits beside the rings
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), 0u);
+  p.num_tokens = 17;
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
 }
 
 // The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:

@@ -50,15 +50,26 @@ __device__ __forceinline__ void load_l2_4(const float* p, float* v) {
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
 }
 
-// All CTAs of the (cooperative) grid arrive before any leaves; each counter is used once per
-// launch and starts at zero (kiln clears the workspace's counters before the launch).
-__device__ __forceinline__ void grid_barrier(unsigned* counter) {
+// All CTAs of the (cooperative) grid arrive before any leaves. The counter is the barrier word the
+// driver keeps for a cooperative launch (the one cooperative_groups' grid sync uses; %envreg1 and
+// %envreg2 hold its workspace's address, the word 4 bytes in): CTA 0 adds 2^31 - (CTAs - 1) and
+// every other CTA 1, so the top bit flips once all have arrived and the low bits are back at zero.
+// Nothing needs clearing between barriers or launches, so a launch that routes locally needs no
+// memset before it.
+__device__ __forceinline__ void grid_barrier() {
   __syncthreads();
   if (threadIdx.x == 0) {
+    u32 address_hi, address_lo;
+    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(address_hi));
+    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(address_lo));
+    const unsigned* word = reinterpret_cast<const unsigned*>(((static_cast<unsigned long long>(address_hi) << 32) | address_lo) + 4);
+    const unsigned arrival = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    unsigned before, seen;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-    unsigned seen = 0;
-    while (seen < gridDim.x) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(word), "r"(arrival) : "memory");
+    do {
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+    } while (((before ^ seen) & 0x80000000u) == 0u);
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   __syncthreads();
@@ -418,13 +429,13 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // the warps had none). A tile may thus be split between neighbouring warps, whose sums meet in
 // `partials` (its first warp's in [1], each later warp's in [0]) after a CTA barrier; the first
 // warp applies the epilogue. `ring` is this warp's weight ring. With `barrier_after_first_copies`
-// (down), the phase takes that grid barrier once its first weight copies are issued. up's B is `x` (rows
+// (down), the phase takes the grid barrier once its first weight copies are issued. up's B is `x` (rows
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
                               long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring,
-                              unsigned* barrier_after_first_copies) {
+                              bool barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
   constexpr bool kRing = kFormat == kWeightsMxfp4;
   constexpr int kStages = kMoeRingStages, kStageBytes = kMoeRingStageBytes;
@@ -544,7 +555,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // down waits for every CTA's act here, its first weight copies already in flight (they do not
   // depend on act): on an H200, GPT-OSS MXFP4 at T = 1 0.0467 ms against 0.0479 with the barrier
   // before them.
-  if (barrier_after_first_copies != nullptr) grid_barrier(barrier_after_first_copies);
+  if (barrier_after_first_copies) grid_barrier();
 
   int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
   MoeMmaTile current = make_tile(global_tile(tile), true), next = make_tile(global_tile(tile + 1), true);
@@ -626,7 +637,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
   __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first 128-pair GEMM tile row of each expert
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
-  unsigned* barriers = reinterpret_cast<unsigned*>(ws + layout.barriers);
+  int* gemm_counters = reinterpret_cast<int*>(ws + layout.gemm_counters);
   int* counts = reinterpret_cast<int*>(ws + layout.counts);
   int* fill = reinterpret_cast<int*>(ws + layout.fill);
   int* ids = reinterpret_cast<int*>(ws + layout.ids);
@@ -688,7 +699,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     }
   }
   if (local) __syncthreads();
-  else grid_barrier(&barriers[0]);
+  else grid_barrier();
 
   // group: every CTA derives the same offsets from the counts (warp 0: 8 experts per lane, then a
   // scan over the lanes).
@@ -765,12 +776,10 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     unsigned char* stages = align_shared<1024>(moe_dynamic);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
-    grid_barrier(&barriers[1]);
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16,
-                                                               reinterpret_cast<int*>(&barriers[4]));
-    grid_barrier(&barriers[2]);
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16,
-                                                                reinterpret_cast<int*>(&barriers[5]));
+    grid_barrier();
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[0]);
+    grid_barrier();
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[1]);
   }
 #endif
   if (!tensor_cores) {
@@ -782,21 +791,20 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     // shared memory follows the static arrays, 16 bytes past a boundary here, and the decode
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
-    if (!local) grid_barrier(&barriers[1]);
+    if (!local) grid_barrier();
     moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                        act16, y, partials, ring, nullptr);
+                                                                        act16, y, partials, ring, false);
     moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                         act16, y, partials, ring, &barriers[2]);
+                                                                         act16, y, partials, ring, true);
   }
-  grid_barrier(&barriers[3]);
+  grid_barrier();
 
   // combine, in slot order. Each thread owns 4 consecutive hidden units of a token (one when H is
   // not a multiple of 4). ids, weights (unless routed here, in shared memory) and y were written by
   // other CTAs before the last barrier: they are read through L2 (ld.global.cg), which this SM's L1
-  // cannot hold stale. y is bf16 when
-  // the grouped GEMMs wrote it (H is then a multiple of 64), else f32. Slots go four at a time,
-  // their ids and weights, then their y values, all in flight before any is used (slot by slot
-  // the loop waited on L2 twice per slot).
+  // cannot hold stale. y is bf16 when the grouped GEMMs wrote it (H is then a multiple of 64), else
+  // f32. Slots go four at a time, their ids and weights, then their y values, all in flight before
+  // any is used (slot by slot the loop waited on L2 twice per slot).
   // `local`, recomputed: kept live through the grouped GEMMs it made ptxas spill there.
   const bool routed_here = moe_routes_locally<kFormat>(p, tensor_cores, dynamic_bytes);
   const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;

@@ -1,9 +1,10 @@
 // Layout of moe_stream's workspace (moe/moe_stream.cuh), shared verbatim by the kernel and its
 // registration (src/kernels/moe_stream.cpp), which sizes the allocation: plain C only.
-// Byte offsets, each region aligned to 256 bytes. Only barriers, counts and fill must start at zero
-// (kiln clears the bytes before `ids`); the kernel writes every other region before reading it:
-//   barriers  4 x u32, the grid-wide barrier counters, then 2 x int, the grouped GEMMs' tile
-//             counters (up, down)
+// Byte offsets, each region aligned to 256 bytes. Where tokens are routed in the grid (not in every
+// CTA), gemm_counters, counts and fill must start at zero (kiln clears the bytes before `ids`);
+// the kernel writes every other region before reading it. The grid-wide barriers use the driver's
+// word for the cooperative launch, which needs no clearing (moe_stream.cuh).
+//   gemm_counters  2 x int, the grouped GEMMs' tile counters (up, down)
 //   counts    [E] int, tokens routed to each expert
 //   fill      [E] int, the scatter's cursor per expert
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)
@@ -40,7 +41,7 @@ KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long 
 }
 
 struct KilnMoeStreamWorkspace {
-  long long barriers, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
+  long long gemm_counters, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
 };
 
 KILN_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
@@ -49,7 +50,7 @@ KILN_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long lo
                                                                              long long hidden, long long inter) {
   const long long pairs = tokens * top_k;
   KilnMoeStreamWorkspace w;
-  w.barriers = 0;
+  w.gemm_counters = 0;
   w.counts = 256;
   w.fill = w.counts + kiln_moe_align256(4 * experts);
   w.ids = w.fill + kiln_moe_align256(4 * experts);

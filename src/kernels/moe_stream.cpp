@@ -40,6 +40,13 @@ uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& pl
   return static_cast<uint32_t>(fits ? with_x : KILN_MOE_RING_BYTES);
 }
 
+// Whether every CTA routes all tokens itself (moe_routes_locally in the kernel): at most
+// KILN_MOE_LOCAL_MAX_TOKENS on the streaming phases, and for MXFP4 a launch with room for x.
+bool routes_locally(const KilnMoeParams& p, const Platform& platform) {
+  if (p.num_tokens > KILN_MOE_LOCAL_MAX_TOKENS || use_grouped_gemm(p, platform)) return false;
+  return p.w13_scale == nullptr || mxfp4_streaming_shared_bytes(p, platform) >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+}
+
 KernelSpec moe_stream_spec() {
   KernelSpec spec;
   spec.name = "moe.apply.stream";
@@ -77,10 +84,13 @@ KernelSpec moe_stream_spec() {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).total);
   };
-  // Only the barrier counters and the per-expert counts and cursors start at zero; every other
-  // region is written before it is read (stream_workspace.h).
-  spec.workspace_zeroed_bytes = [](const void* params, const Platform&) {
+  // Routed in the grid, the GEMM tile counters and the per-expert counts and cursors start at
+  // zero; routed locally, nothing does, and the launch goes without a memset before it (on an
+  // H200 as CUDA graphs, GPT-OSS at T = 1: MXFP4 0.0427 ms against 0.0436, bf16 0.0716 against
+  // 0.0726). Every other region is written before it is read (stream_workspace.h).
+  spec.workspace_zeroed_bytes = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
+    if (routes_locally(p, platform)) return size_t{0};
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).ids);
   };
   return spec;
