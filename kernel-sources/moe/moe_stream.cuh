@@ -192,7 +192,8 @@ __device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
 }
 
 // Whether every CTA routes all tokens itself (see the kernel): at most KILN_MOE_LOCAL_MAX_TOKENS
-// on the streaming phases, and for MXFP4 the launch's room for x after the rings.
+// on the streaming phases, and for MXFP4 the launch's room for x after the rings. The host's
+// routes_locally (src/kernels/moe_stream.cpp) must agree: it clears no workspace for such a launch.
 template <int kFormat>
 __device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
   if (p.num_tokens > KILN_MOE_LOCAL_MAX_TOKENS || tensor_cores) return false;
