@@ -191,13 +191,10 @@ __device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
   return r;
 }
 
-// Whether every CTA routes all tokens itself (see the kernel): at most KILN_MOE_LOCAL_MAX_TOKENS
-// on the streaming phases, and for MXFP4 the launch's room for x after the rings. The host's
-// routes_locally (src/kernels/moe_stream.cpp) must agree: it clears no workspace for such a launch.
+// Whether every CTA routes all tokens itself (see the kernel and kiln_moe_routes_locally).
 template <int kFormat>
 __device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
-  if (p.num_tokens > KILN_MOE_LOCAL_MAX_TOKENS || tensor_cores) return false;
-  return kFormat == kWeightsBf16 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+  return kiln_moe_routes_locally(p.num_tokens, p.hidden, kFormat == kWeightsMxfp4, tensor_cores, dynamic_bytes);
 }
 
 // A pair index of the grouped list: from this CTA's shared memory (local routing), or from the

@@ -39,6 +39,14 @@
 KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) {
   return tokens <= KILN_MOE_LOCAL_MAX_TOKENS ? 2 * tokens * hidden : 0;
 }
+// Whether every CTA routes all tokens itself: at most KILN_MOE_LOCAL_MAX_TOKENS on the streaming
+// phases (not the grouped GEMMs), and with MXFP4 weights a launch whose dynamic shared memory holds
+// x after the rings. The kernel decides by it, and so does its registration, which then clears no
+// workspace before the launch.
+KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm, long long dynamic_bytes) {
+  if (tokens > KILN_MOE_LOCAL_MAX_TOKENS || grouped_gemm) return 0;
+  return !mxfp4 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(tokens, hidden);
+}
 
 struct KilnMoeStreamWorkspace {
   long long gemm_counters, counts, fill, ids, weights, pairs, x_reordered, act, y, total;

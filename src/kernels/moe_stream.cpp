@@ -40,11 +40,11 @@ uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& pl
   return static_cast<uint32_t>(fits ? with_x : KILN_MOE_RING_BYTES);
 }
 
-// Whether every CTA routes all tokens itself (moe_routes_locally in the kernel): at most
-// KILN_MOE_LOCAL_MAX_TOKENS on the streaming phases, and for MXFP4 a launch with room for x.
-bool routes_locally(const KilnMoeParams& p, const Platform& platform) {
-  if (p.num_tokens > KILN_MOE_LOCAL_MAX_TOKENS || use_grouped_gemm(p, platform)) return false;
-  return p.w13_scale == nullptr || mxfp4_streaming_shared_bytes(p, platform) >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+// The launch's dynamic shared memory: the grouped-GEMM stages where those phases run (its size
+// selects them in the kernel), the MXFP4 rings (and x) otherwise, none for bf16 streaming.
+uint32_t dynamic_shared_bytes(const KilnMoeParams& p, const Platform& platform) {
+  if (use_grouped_gemm(p, platform)) return KILN_MOE_GEMM_SHARED_BYTES;
+  return p.w13_scale != nullptr ? mxfp4_streaming_shared_bytes(p, platform) : 0;
 }
 
 KernelSpec moe_stream_spec() {
@@ -75,9 +75,7 @@ KernelSpec moe_stream_spec() {
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
     shape.block[0] = kThreads;
     shape.cooperative = true;
-    const auto& p = *static_cast<const KilnMoeParams*>(params);
-    const bool mxfp4 = p.w13_scale != nullptr;
-    shape.dynamic_shared_bytes = use_grouped_gemm(p, platform) ? KILN_MOE_GEMM_SHARED_BYTES : mxfp4 ? mxfp4_streaming_shared_bytes(p, platform) : 0;
+    shape.dynamic_shared_bytes = dynamic_shared_bytes(*static_cast<const KilnMoeParams*>(params), platform);
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {
@@ -90,7 +88,9 @@ KernelSpec moe_stream_spec() {
   // 0.0726). Every other region is written before it is read (stream_workspace.h).
   spec.workspace_zeroed_bytes = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
-    if (routes_locally(p, platform)) return size_t{0};
+    if (kiln_moe_routes_locally(p.num_tokens, p.hidden, p.w13_scale != nullptr, use_grouped_gemm(p, platform), dynamic_shared_bytes(p, platform))) {
+      return size_t{0};
+    }
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).ids);
   };
   return spec;
