@@ -127,13 +127,18 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
     }
   } else {
     // Lane l holds experts l + 32 i as logits and as keys (logit_key; 0 once taken or past E).
+    // Every load is issued before any is used: past E a lane reads expert E - 1 again, so no load
+    // sits behind a branch (loaded under `e < E`, each waited for the one before it: on an H200
+    // the route phase of GPT-OSS at T = 1 took four load latencies).
     constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
     float l[kPerLane];
     u32 key[kPerLane], lane_max = 0u;
 #pragma unroll
+    for (int i = 0; i < kPerLane; ++i) l[i] = logit<kLogitsBf16>(p, t, min(lane + kWarp * i, experts - 1));
+#pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + kWarp * i;
-      l[i] = e < experts ? logit<kLogitsBf16>(p, t, e) : neg_inf();
+      if (e >= experts) l[i] = neg_inf();
       key[i] = e < experts ? logit_key(l[i]) : 0u;
       lane_max = max(lane_max, key[i]);
     }
@@ -206,9 +211,13 @@ __device__ __forceinline__ int read_pair(const int* pairs, int i, bool local) { 
 struct MoeChunk {
   int expert, first, count;
 };
-__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int* pair_start, int experts, int chunk) {
+// Up to this many chunks, the group phase also lists each chunk's expert (chunk_expert), so that a
+// tile finds its expert in one shared load rather than a search over all experts (at GPT-OSS's
+// T = 1, 7 dependent loads for each of the 2 or 3 tiles a phase's prologue looks up).
+enum { kMoeChunkTable = 256 };
+__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int* chunk_expert, const int* pair_start, int experts, int chunk) {
   MoeChunk c;
-  c.expert = find_expert(chunk_start, experts, chunk, 1);
+  c.expert = chunk_expert != nullptr ? chunk_expert[chunk] : find_expert(chunk_start, experts, chunk, 1);
   c.first = pair_start[c.expert] + (chunk - chunk_start[c.expert]) * kMoeStreamChunk;
   c.count = min(kMoeStreamChunk, pair_start[c.expert + 1] - c.first);
   return c;
@@ -431,7 +440,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
+__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* chunk_expert, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
                               long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring,
                               bool barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
@@ -443,6 +452,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const int steps = (pieces + 3) / 4;  // per tile: a step covers 4 pieces of each row, one per lane t
   const int row_blocks = kUp ? p.intermediate / 8 : (p.hidden + kMoeTileRows - 1) / kMoeTileRows;
   const int tiles = chunk_start[experts] * row_blocks;  // at most (T k / 8 + E) x 360 for GPT-OSS
+  if (chunk_start[experts] > kMoeChunkTable) chunk_expert = nullptr;  // not listed: searched
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   // This CTA's tiles (its i-th is global_tile(i)), then warp w's units [unit_start(w),
   // unit_start(w + 1)): unit u is step u % steps of the CTA's tile u / steps.
@@ -472,7 +482,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     v.out_pair[0] = v.out_pair[1] = -1;
     v.expert = v.row_block = 0;
     if (tile >= tiles) return v;
-    const MoeChunk c = find_chunk(chunk_start, pair_start, experts, tile / row_blocks);
+    const MoeChunk c = find_chunk(chunk_start, chunk_expert, pair_start, experts, tile / row_blocks);
     v.expert = c.expert;
     v.row_block = tile % row_blocks;
     int rows[2];
@@ -531,9 +541,13 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // The weights are read once per launch: evicted first from L2, they leave the kernel's code and
   // workspace there (on an H200, GPT-OSS MXFP4 at T = 1 0.0452 ms against 0.0467 without).
   const unsigned long long weight_policy = l2_evict_first_policy();
+  // The warp's first tile, whose view the copy cursor starts from (make_tile reads only the pair
+  // list, not act, so down may take it before its barrier).
+  int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
+  MoeMmaTile current = make_tile(global_tile(tile), true);
   long long copy_unit = unit_begin;
-  int copy_tile = static_cast<int>(unit_begin / steps), copy_step = static_cast<int>(unit_begin % steps), copy_stage = 0;
-  MoeMmaTile copy_view = make_tile(global_tile(copy_tile), false);
+  int copy_tile = tile, copy_step = step, copy_stage = 0;
+  MoeMmaTile copy_view = current;
   auto copy_ahead = [&]() {
     if (copy_unit < unit_end) {
       copy_step_weights(ring + copy_stage * kStageBytes, lane, copy_view, hi, 4 * copy_step + t, pieces, l2_prefetch, weight_policy);
@@ -555,8 +569,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // before them.
   if (barrier_after_first_copies) grid_barrier();
 
-  int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
-  MoeMmaTile current = make_tile(global_tile(tile), true), next = make_tile(global_tile(tile + 1), true);
+  MoeMmaTile next = make_tile(global_tile(tile + 1), true);
   Acts acts = load_step_activations<kFormat, kUp>(current, 4 * step + t, pieces);
   MoeStepWeights loaded;  // bf16: this step's weights, loaded one step ahead
   if (!kRing) loaded = load_step_weights(current, hi, 4 * step + t, pieces, weight_policy);
@@ -632,6 +645,7 @@ template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsB
 __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const KilnMoeParams p) {
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
+  __shared__ int chunk_expert[kMoeChunkTable];           // each chunk's expert, up to kMoeChunkTable chunks
   __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first 128-pair GEMM tile row of each expert
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
@@ -724,6 +738,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       }
     }
     int pair_at = pairs_through - lane_pairs, chunk_at = chunks_through - lane_chunks, mtile_at = mtiles_through - lane_mtiles;
+    const bool chunk_table = __shfl_sync(0xffffffffu, chunks_through, kWarp - 1) <= kMoeChunkTable;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
@@ -731,6 +746,9 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
         pair_start[e] = pair_at;
         chunk_start[e] = chunk_at;
         mtile_start[e] = mtile_at;
+      }
+      if (chunk_table) {
+        for (int c = 0; c < (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk; ++c) chunk_expert[chunk_at + c] = e;
       }
       pair_at += n[i];
       chunk_at += (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
@@ -790,9 +808,9 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier();
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_expert, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
                                                                         act16, y, partials, ring, false);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_expert, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
                                                                          act16, y, partials, ring, true);
   }
   grid_barrier();

@@ -435,6 +435,8 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {true, 16, 256, 128, 8, 4, 0, true, 1, true, true, false},
       {true, 17, 256, 128, 8, 4, 1, true, 0, false, false, false},
       {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
+      // More chunks (at least 300) than the kernel's chunk-to-expert table holds: found by search.
+      {true, 600, 64, 64, 8, 4, 0, true, 1, true, true, false},
       // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I from 192): one
       // expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles with
       // biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them. H = 128
