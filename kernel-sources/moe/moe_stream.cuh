@@ -128,8 +128,8 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
   } else {
     // Lane l holds experts l + 32 i as logits and as keys (logit_key; 0 once taken or past E).
     // Every load is issued before any is used: past E a lane reads expert E - 1 again, so no load
-    // sits behind a branch (loaded under `e < E`, each waited for the one before it: on an H200
-    // the route phase of GPT-OSS at T = 1 took four load latencies).
+    // sits behind a branch (loaded under `e < E`, each load waited for the one before it; on an
+    // H200, GPT-OSS MXFP4 at T = 1 took 0.0423 ms against 0.0428).
     constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
     float l[kPerLane];
     u32 key[kPerLane], lane_max = 0u;
@@ -212,8 +212,9 @@ struct MoeChunk {
   int expert, first, count;
 };
 // Up to this many chunks, the group phase also lists each chunk's expert (chunk_expert), so that a
-// tile finds its expert in one shared load rather than a search over all experts (at GPT-OSS's
-// T = 1, 7 dependent loads for each of the 2 or 3 tiles a phase's prologue looks up).
+// tile finds its expert in one shared load rather than a search over all experts (7 dependent
+// loads at 128 experts; on an H200, GPT-OSS at T = 1: MXFP4 0.0405 ms against 0.0408, bf16 0.0680
+// against 0.0694).
 enum { kMoeChunkTable = 256 };
 __device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int* chunk_expert, const int* pair_start, int experts, int chunk) {
   MoeChunk c;
@@ -542,7 +543,8 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // workspace there (on an H200, GPT-OSS MXFP4 at T = 1 0.0452 ms against 0.0467 without).
   const unsigned long long weight_policy = l2_evict_first_policy();
   // The warp's first tile, whose view the copy cursor starts from (make_tile reads only the pair
-  // list, not act, so down may take it before its barrier).
+  // list, not act, so down may take it before its barrier). One lookup fewer per phase: on an
+  // H200, GPT-OSS MXFP4 at T = 1 took 0.0408 ms against 0.0423 with a view of its own.
   int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
   MoeMmaTile current = make_tile(global_tile(tile), true);
   long long copy_unit = unit_begin;

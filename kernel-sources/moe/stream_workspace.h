@@ -27,7 +27,7 @@
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (moe_stream.cuh), and
-// 128 bytes to align the rings: 60 KB, which beside the 26 KB of static shared memory fits the
+// 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the
 // 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
 #define KILN_MOE_RING_STAGES 3
 #define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)

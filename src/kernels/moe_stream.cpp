@@ -32,7 +32,7 @@ bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
 }
 
 // The MXFP4 rings, and after them x for local routing where the GPU's shared memory holds it
-// beside the kernel's static arrays (about 26 KB; kStaticSharedSlack leaves room to spare).
+// beside the kernel's static arrays (about 27 KB; kStaticSharedSlack leaves room to spare).
 uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& platform) {
   constexpr long long kStaticSharedSlack = 32 * 1024;
   const long long with_x = KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
@@ -65,7 +65,7 @@ KernelSpec moe_stream_spec() {
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
   };
-  // One CTA of 512 threads per SM (at most 128 registers each, about 26 KB of static shared
+  // One CTA of 512 threads per SM (at most 128 registers each, about 27 KB of static shared
   // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
   // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
   // selects them) and the MXFP4 weight rings of the streaming phases (60 KB), then x for up to 16
