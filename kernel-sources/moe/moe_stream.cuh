@@ -542,11 +542,13 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // The weights are read once per launch: evicted first from L2, they leave the kernel's code and
   // workspace there (on an H200, GPT-OSS MXFP4 at T = 1 0.0452 ms against 0.0467 without).
   const unsigned long long weight_policy = l2_evict_first_policy();
-  // The warp's first tile, whose view the copy cursor starts from (make_tile reads only the pair
-  // list, not act, so down may take it before its barrier). One lookup fewer per phase: on an
-  // H200, GPT-OSS MXFP4 at T = 1 took 0.0408 ms against 0.0423 with a view of its own.
+  // The warp's first tile: the copy cursor starts from its weight rows, and (MXFP4) its pairs are
+  // read once the first copies are in flight (make_tile reads only the pair list, not act, so down
+  // may take both before its barrier). On an H200, GPT-OSS MXFP4 at T = 1 took 0.0408 ms against
+  // 0.0423 with a view of the cursor's own, and 0.0400 against 0.0407 with the pairs read after
+  // the copies.
   int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
-  MoeMmaTile current = make_tile(global_tile(tile), true);
+  MoeMmaTile current = make_tile(global_tile(tile), !kRing);
   long long copy_unit = unit_begin;
   int copy_tile = tile, copy_step = step, copy_stage = 0;
   MoeMmaTile copy_view = current;
@@ -565,6 +567,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   if (kRing) {
 #pragma unroll
     for (int i = 0; i + 1 < kStages; ++i) copy_ahead();
+    current = make_tile(global_tile(tile), true);
   }
   // down waits for every CTA's act here, its first weight copies already in flight (they do not
   // depend on act): on an H200, GPT-OSS MXFP4 at T = 1 0.0467 ms against 0.0479 with the barrier
