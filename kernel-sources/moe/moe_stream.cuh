@@ -138,7 +138,6 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + kWarp * i;
-      if (e >= experts) l[i] = neg_inf();
       key[i] = e < experts ? logit_key(l[i]) : 0u;
       lane_max = max(lane_max, key[i]);
     }
@@ -752,11 +751,12 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
         chunk_start[e] = chunk_at;
         mtile_start[e] = mtile_at;
       }
+      const int chunks = (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
       if (chunk_table) {
-        for (int c = 0; c < (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk; ++c) chunk_expert[chunk_at + c] = e;
+        for (int c = 0; c < chunks; ++c) chunk_expert[chunk_at + c] = e;
       }
       pair_at += n[i];
-      chunk_at += (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
+      chunk_at += chunks;
       mtile_at += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
     }
     if (lane == kWarp - 1) {
