@@ -343,5 +343,18 @@ TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
             "attention.prefill.reference");
 }
 
+// Sliding windows: the head-packing wgmma kernel on sm_90a, the head-packing mma.sync one on every
+// other NVIDIA arch (the Hopper-only kernel is the more specific of the two).
+TEST(Selector, PrefillWindowsPickTheHeadPackingKernels) {
+  Signature windowed = test::prefill_signature("bf16", 64, 8, true);
+  windowed.set_flag("window", true).set_flag("sinks", true);
+  EXPECT_EQ(Registry::global().select(windowed, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma_window");
+  for (const char* arch : {"sm_80", "sm_90", "sm_100a"}) {
+    EXPECT_EQ(Registry::global().select(windowed, platform_for_target(arch))->name, "attention.prefill.mma_window") << arch;
+  }
+  EXPECT_EQ(Registry::global().select(test::prefill_signature("bf16", 64, 8, true), platform_for_target("sm_90a"))->name,
+            "attention.prefill.wgmma");
+}
+
 }  // namespace
 }  // namespace kiln

@@ -108,32 +108,43 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
 }
 
 // Finishes a prefill thread's two rows (row_lo and row_lo + 8, index `half`): the quad's partial
-// sums, the sink (it joins the denominator and adds no value), normalization, out and lse. `c` is
-// the thread's index in its quad; rows past the sequence are not stored.
+// sums and the sink (it joins the denominator and adds no value). Sets the row's final max `m_nat`
+// (natural log) and sum `l`, and `scale_o`, the sink's share taken off O: O is multiplied by
+// row_inverse(l, scale_o).
+__device__ __forceinline__ void finish_prefill_row(const KilnPrefillParams& p, const float (&m_row)[2], float (&l_row)[2], int half, int head,
+                                                   float& m_nat, float& l, float& scale_o) {
+  const float log2e = 1.4426950408889634f;
+  l_row[half] = quad_sum(l_row[half]);
+  m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] / log2e;
+  l = l_row[half];
+  scale_o = 1.0f;
+  if (p.sinks != nullptr) {
+    const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
+    scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
+    l = l * scale_o + __expf(sink - with_sink);
+    m_nat = with_sink;
+  }
+}
+__device__ __forceinline__ float row_inverse(float l, float scale_o) { return l > 0.0f ? scale_o / l : 0.0f; }
+__device__ __forceinline__ float row_lse(float m_nat, float l) { return l > 0.0f ? m_nat + logf(l) : neg_inf(); }
+
+// Finishes the rows and stores out (and lse); rows past the sequence are not stored.
 template <typename T, int kDTiles>
 __device__ __forceinline__ void store_prefill_rows(const KilnPrefillParams& p, const float (&o)[kDTiles][4], const float (&m_row)[2],
                                                    float (&l_row)[2], int head, int q_begin, int len_q, int row_lo, int c) {
-  const float log2e = 1.4426950408889634f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    l_row[half] = quad_sum(l_row[half]);
     const int row = row_lo + 8 * half;
-    float m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] / log2e;
-    float l = l_row[half], scale_o = 1.0f;
-    if (p.sinks != nullptr) {
-      const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
-      scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
-      l = l * scale_o + __expf(sink - with_sink);
-      m_nat = with_sink;
-    }
+    float m_nat, l, scale_o;
+    finish_prefill_row(p, m_row, l_row, half, head, m_nat, l, scale_o);
     if (row >= len_q) continue;
-    const float inv = l > 0.0f ? scale_o / l : 0.0f;
+    const float inv = row_inverse(l, scale_o);
     T* out = static_cast<T*>(p.out) + (q_begin + row) * p.out_row_stride + head * p.out_head_stride;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
       *reinterpret_cast<unsigned*>(out + 8 * n + 2 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
     }
-    if (p.lse != nullptr && c == 0) p.lse[(q_begin + row) * p.lse_row_stride + head] = l > 0.0f ? m_nat + logf(l) : neg_inf();
+    if (p.lse != nullptr && c == 0) p.lse[(q_begin + row) * p.lse_row_stride + head] = row_lse(m_nat, l);
   }
 }
 

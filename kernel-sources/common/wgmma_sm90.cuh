@@ -33,6 +33,13 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kTiles][4]) {
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
 }
+// Gives accumulators an (unspecified) value without an instruction, for MMAs that overwrite them
+// (accumulate 0), where zeroing would cost a move per register.
+template <int kTiles>
+__device__ __forceinline__ void wgmma_define_operands(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) asm volatile("" : "=f"(d[i][0]), "=f"(d[i][1]), "=f"(d[i][2]), "=f"(d[i][3]));
+}
 // Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's
 // async proxy: each writing thread fences once its writes have landed, before the barrier.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -51,6 +58,12 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
 #define KILN_WGMMA_RS_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
+#define KILN_WGMMA_ACC_48 "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+#define KILN_WGMMA_D_48 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}"
+#define KILN_WGMMA_SS_TAIL_48 ", %24, %25, p, 1, 1, 0, 0;\n"
+#define KILN_WGMMA_SS_PRED_48 "setp.ne.b32 p, %26, 0;\n"
+#define KILN_WGMMA_RS_TAIL_48 ", {%24, %25, %26, %27}, %28, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_PRED_48 "setp.ne.b32 p, %29, 0;\n"
 
 // D = A B (accumulate 0) or D += A B: A [64 x 16] and B [16 x N], both K-major in shared memory.
 template <typename T, int N>
@@ -80,6 +93,8 @@ KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
+KILN_WGMMA_DEFINE(bf16, 48)  // the sliding-window kernel's key blocks
+KILN_WGMMA_DEFINE(f16, 48)
 #undef KILN_WGMMA_DEFINE
 
 }  // namespace kiln

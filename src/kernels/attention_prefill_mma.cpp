@@ -1,7 +1,8 @@
 // Registration of the tensor-core prefill kernels: the portable one on mma.sync, ldmatrix and
 // cp.async (kernel-sources/attention/prefill_mma_sm80.cuh, every NVIDIA GPU from sm_80 on), the
 // same source packing the query heads of a KV head into one CTA for sliding windows, and the
-// Hopper one on wgmma (prefill_wgmma_sm90.cuh, sm_90a only: wgmma exists on no other arch).
+// Hopper ones on wgmma (sm_90a only: wgmma exists on no other arch): the general one
+// (prefill_wgmma_sm90.cuh) and the head-packing window one (prefill_wgmma_window_sm90.cuh).
 #include <fmt/format.h>
 
 #include "attention/params.h"
@@ -12,14 +13,14 @@
 namespace kiln {
 namespace {
 
-// What differs between the three kernels; the signature checks and the grid rule are shared.
+// What differs between the four kernels; the signature checks and the grid rule are shared.
 struct PrefillKernel {
   const char* name;
   const char* source;
   const char* entry;  // template name: <dtype, head_dim, softcap[, warps, heads, key_rows, stages]>
   Priority priority;
   bool windows_only = false;  // accepts only signatures with a window
-  int warps = 0;               // mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
+  int warps = 0;               // head-packing and mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
   bool packs_heads = false;    // CTAs own packed_heads(group, warps) query heads (else one)
   int min_arch;
   std::vector<std::string> features;
@@ -44,7 +45,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.family = kFamilyAttention;
   spec.mode = kModePrefill;
   spec.priority = k.priority;
-  spec.specificity = k.windows_only ? 3 : 2;
+  // Windows-only kernels are narrower than general ones, and a Hopper-only one narrower still.
+  spec.specificity = k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = k.min_arch;
   spec.requirements.features = k.features;
@@ -102,14 +104,31 @@ KILN_REGISTER_KERNEL(attention_prefill_mma) { return prefill_kernel(mma_sync_ker
 
 // Sliding windows: 4 warps over up to 4 query heads of a KV head and few positions, so a CTA's
 // key band is the window plus 16 positions (GPT-OSS: 144 keys, three 48-key blocks). It wins every
-// windowed signature on every NVIDIA GPU, Hopper included, since the signature does not carry the
-// window's width; a window of thousands of keys would run faster on the wgmma kernel.
+// windowed signature on NVIDIA GPUs before Hopper, since the signature does not carry the window's
+// width; a window of thousands of keys would run faster on the general kernels.
 KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
   PrefillKernel k = mma_sync_kernel("attention.prefill.mma_window", Priority::kSpecialized);
   k.windows_only = k.packs_heads = true;
   k.key_rows = 48;
   k.stages = 3;
   return prefill_kernel(k);
+}
+
+// Sliding windows on Hopper: the same head packing on one warpgroup (4 heads x 16 positions for
+// GPT-OSS), its 48-key blocks as wgmma chains; outranks the mma.sync window kernel on sm_90a.
+KILN_REGISTER_KERNEL(attention_prefill_wgmma_window) {
+  return prefill_kernel({.name = "attention.prefill.wgmma_window",
+                         .source = "attention/prefill_wgmma_window_sm90.cuh",
+                         .entry = "prefill_wgmma_window_sm90",
+                         .priority = Priority::kSpecialized,
+                         .windows_only = true,
+                         .warps = 4,
+                         .packs_heads = true,
+                         .min_arch = 90,
+                         .features = {"mma:wgmma", "memory:cp_async"},
+                         .key_rows = 48,
+                         .stages = 2,
+                         .alignment = 1024});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {

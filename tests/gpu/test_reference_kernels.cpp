@@ -151,7 +151,8 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
       {DType::kBF16, 128, 6, 1, {250, 33}, {250, 40}, true, 47, true, 20.0f},
   };
   const OperatorId prefill{kFamilyAttention, kModePrefill};
-  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.mma", "attention.prefill.mma_window", "attention.prefill.reference"}) {
+  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.wgmma_window", "attention.prefill.mma", "attention.prefill.mma_window",
+                             "attention.prefill.reference"}) {
     Registry::global().set_override(prefill, kernel);
     int ran = 0;
     for (const auto& c : cases) {
