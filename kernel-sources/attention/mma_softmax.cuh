@@ -107,6 +107,18 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
   }
 }
 
+// P's A fragments for P V (16 keys each) from probabilities in S's accumulator layout.
+template <typename T, int kKeyTiles>
+__device__ __forceinline__ void pack_p_fragments(const float (&s)[kKeyTiles][4], unsigned (&pa)[kKeyTiles / 2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 // Finishes a prefill thread's two rows (row_lo and row_lo + 8, index `half`): the quad's partial
 // sums and the sink (it joins the denominator and adds no value). Sets the row's final max `m_nat`
 // (natural log) and sum `l`, and `scale_o`, the sink's share taken off O: O is multiplied by

@@ -39,8 +39,6 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = align_shared<1024>(shared_raw);
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
-  // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
-  auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };
 
   // The warpgroup index through a shuffle, so ptxas knows it is warp-uniform: with a plain
   // threadIdx.x / 128 it treats the lagging warpgroup's branches as divergent and serializes their wgmmas.
@@ -56,7 +54,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
   for (int i = threadIdx.x; i < kBlockQ * kChunks; i += kWarpgroups * 128) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool valid = blk.q0 + row < blk.len_q;
-    copy16_async_or_zero(q_tile + tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
+    copy16_async_or_zero(q_tile + swizzle128_tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
   }
   commit_copies();
 
@@ -67,7 +65,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
   // kRowStep is a multiple of 8, so the swizzled shared offset moves by whole rows.
   enum : int { kRowStep = kCopyThreads / kChunks, kCopies = kBlockK / kRowStep };
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
-  const unsigned copy_offset = tile_offset(row0, chunk, kKAtomBytes);
+  const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
   const T* k_thread = k_rows + row0 * p.k_row_stride + chunk * 8;
   const T* v_thread = v_rows + row0 * p.v_row_stride + chunk * 8;
   auto issue = [&](int block, int stage) {
@@ -122,13 +120,8 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
 
     wgmma_fence();
     if (lagging && block > block_start) issue_pv(stage == 0 ? kStages - 1 : stage - 1);
-    // S = Q K^T over head_dim in steps of 16: 32 bytes along a swizzle atom, then the next atom column.
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const unsigned step = (ks & 3) * 32;
-      wgmma_ss<T, kBlockK>(s, wgmma_descriptor(q_address + (ks >> 2) * kQAtomBytes + step, 16, 1024),
-                           wgmma_descriptor(k_address + (ks >> 2) * kKAtomBytes + step, 16, 1024), ks > 0);
-    }
+    // S = Q K^T over head_dim.
+    wgmma_ss_k_major<T, kBlockK, kHeadDim>(s, q_address, kQAtomBytes, k_address, kKAtomBytes);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
@@ -141,13 +134,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
     scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
     online_softmax_step(s, m_row, l_row, o);
     // P's A fragments are S's accumulators.
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_p_fragments<T>(s, pa);
     if (!lagging) {
       wgmma_fence();
       issue_pv(stage);

@@ -39,8 +39,6 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = align_shared<1024>(shared_raw);
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
-  // Row `row`, 16-byte chunk `chunk` of a tile whose 64-column atom columns are `atom_bytes` apart.
-  auto tile_offset = [](int row, int chunk, int atom_bytes) { return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7); };
 
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_sm90.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
@@ -58,7 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     const int position = 16 * (w / kHeadsPerCta) + row % 16;
     const bool valid = blk.q0 + position < blk.len_q;
     const T* src = q_base + (valid ? position : 0) * p.q_row_stride + (w % kHeadsPerCta) * p.q_head_stride + chunk * 8;
-    copy16_async_or_zero(q_tile + tile_offset(row, chunk, kQAtomBytes), src, valid);
+    copy16_async_or_zero(q_tile + swizzle128_tile_offset(row, chunk, kQAtomBytes), src, valid);
   }
 
   // K and V of key block `block` into its stage, one cp.async group (Q joins the first); keys past
@@ -68,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   constexpr int kRowStep = kThreads / kChunks, kCopies = (kBlockK + kRowStep - 1) / kRowStep;
   static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
-  const unsigned copy_offset = tile_offset(row0, chunk, kKAtomBytes);
+  const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
   const T* const k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + chunk * 8;
   const T* const v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + chunk * 8;
   auto issue = [&](int block) {
@@ -114,13 +112,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     float s[kKeyTiles][4];
     wgmma_define_operands(s);  // the first MMA overwrites S: nothing of the last block stays live
     wgmma_fence();
-    // S = Q K^T over head_dim in steps of 16: 32 bytes along a swizzle atom, then the next atom column.
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const unsigned step = (ks & 3) * 32;
-      wgmma_ss<T, kBlockK>(s, wgmma_descriptor(q_address + (ks >> 2) * kQAtomBytes + step, 16, 1024),
-                           wgmma_descriptor(k_address + (ks >> 2) * kKAtomBytes + step, 16, 1024), ks > 0);
-    }
+    // S = Q K^T over head_dim.
+    wgmma_ss_k_major<T, kBlockK, kHeadDim>(s, q_address, kQAtomBytes, k_address, kKAtomBytes);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
@@ -134,13 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators. V is
     // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
     unsigned pa[kBlockK / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_p_fragments<T>(s, pa);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
@@ -165,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     }
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
-      *reinterpret_cast<unsigned*>(out_tile + tile_offset(r, n, kQAtomBytes) + 4 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+      *reinterpret_cast<unsigned*>(out_tile + swizzle128_tile_offset(r, n, kQAtomBytes) + 4 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
     }
   }
   __syncwarp();
@@ -175,7 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     const int i = lane + 32 * j, r = i / kChunks, chunk = i % kChunks;
     if (warp_q0 + r < blk.len_q) {
       *reinterpret_cast<uint4*>(out_rows + r * p.out_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(out_tile + tile_offset(r, chunk, kQAtomBytes));
+          *reinterpret_cast<const uint4*>(out_tile + swizzle128_tile_offset(r, chunk, kQAtomBytes));
     }
   }
 }

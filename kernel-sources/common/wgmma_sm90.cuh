@@ -14,6 +14,11 @@ namespace kiln {
 // 128-byte swizzle atom: 8 rows of 128 bytes (64 16-bit elements); 16-byte chunk c of row r sits
 // at chunk c ^ (r % 8). Atoms start on 1024-byte boundaries (the hardware swizzles address bits).
 __device__ __forceinline__ unsigned swizzle128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+// Row `row`, 16-byte chunk `chunk` of a tile of such atoms whose 64-column atom columns are
+// `atom_bytes` apart.
+__device__ __forceinline__ unsigned swizzle128_tile_offset(int row, int chunk, int atom_bytes) {
+  return (chunk >> 3) * atom_bytes + swizzle128_offset(row, chunk & 7);
+}
 
 // Matrix descriptor of a 128-byte-swizzled operand. K-major: `stride_bytes` steps between 8-row
 // groups (1024 for atoms stacked by row); `leading_bytes` is unused. N-major: `stride_bytes`
@@ -96,5 +101,19 @@ KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 48)  // the sliding-window kernel's key blocks
 KILN_WGMMA_DEFINE(f16, 48)
 #undef KILN_WGMMA_DEFINE
+
+// D = A B^T over K in steps of 16 (the first step overwrites D), A [64 x K] and B [N x K] K-major
+// in 128-byte-swizzled tiles whose 64-column atom columns are a_atom_bytes and b_atom_bytes apart:
+// 32 bytes along an atom, then the next atom column. Issues only; commit and wait are the caller's.
+template <typename T, int N, int K>
+__device__ __forceinline__ void wgmma_ss_k_major(float (&d)[N / 8][4], unsigned a_address, unsigned a_atom_bytes, unsigned b_address,
+                                                 unsigned b_atom_bytes) {
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    const unsigned step = (ks & 3) * 32;
+    wgmma_ss<T, N>(d, wgmma_descriptor(a_address + (ks >> 2) * a_atom_bytes + step, 16, 1024),
+                   wgmma_descriptor(b_address + (ks >> 2) * b_atom_bytes + step, 16, 1024), ks > 0);
+  }
+}
 
 }  // namespace kiln
