@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <atomic>
 #include <cstdlib>
 #include <thread>
@@ -282,6 +284,59 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), 0u);
   p.num_tokens = 17;
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
+}
+
+// The grouped-GEMM phases read their operands through TMA tensor maps that kiln encodes at launch:
+// x_grouped (after bf16 y in y's region) and act in grouped order, the weights per expert. Weights
+// or x that a TMA copy or 16-byte load cannot take leave the call on the streaming phases.
+TEST(Selector, MoeGroupedGemmTensorMaps) {
+  const auto spec = Registry::global().find("moe.apply.stream");
+  ASSERT_TRUE(spec && spec->tensor_maps);
+  const Platform sm90a = platform_for_target("sm_90a");
+  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
+  auto at = [&](uintptr_t offset) { return reinterpret_cast<void*>(device + offset); };
+  KilnMoeParams p{};
+  p.num_tokens = 100, p.top_k = 4, p.num_experts = 8, p.hidden = 256, p.intermediate = 192;
+  p.x = p.w13 = p.w2 = p.workspace = at(0);
+  p.x_row_stride = 256, p.w13_row_stride = 256, p.w13_expert_stride = 384 * 256, p.w2_row_stride = 192, p.w2_expert_stride = 256 * 192;
+  const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(100, 4, 8, 256, 192);
+  const std::vector<TensorMapRequest> maps = spec->tensor_maps(&p, sm90a);
+  ASSERT_EQ(maps.size(), size_t{kMoeTensorMaps});
+  auto describe = [](const TensorMapRequest& m) {
+    return std::array<uint64_t, 9>{m.rank, m.dims[0], m.dims[1], m.dims[2], m.strides[0], m.strides[1], m.box[0], m.box[1], m.box[2]};
+  };
+  EXPECT_EQ(describe(maps[kMoeMapXGrouped]), (std::array<uint64_t, 9>{2, 256, 400, 1, 512, 0, 64, 64, 1}));
+  EXPECT_EQ(describe(maps[kMoeMapW13]), (std::array<uint64_t, 9>{3, 256, 384, 8, 512, 384 * 512, 64, 256, 1}));
+  EXPECT_EQ(describe(maps[kMoeMapW13By32]), (std::array<uint64_t, 9>{3, 256, 384, 8, 512, 384 * 512, 64, 32, 1}));
+  EXPECT_EQ(describe(maps[kMoeMapAct]), (std::array<uint64_t, 9>{2, 192, 400, 1, 384, 0, 64, 64, 1}));
+  EXPECT_EQ(describe(maps[kMoeMapW2]), (std::array<uint64_t, 9>{3, 192, 256, 8, 384, 256 * 384, 64, 256, 1}));
+  EXPECT_EQ(maps[kMoeMapXGrouped].base, at(layout.y + 2 * 400 * 256));
+  EXPECT_EQ(maps[kMoeMapAct].base, at(layout.act));
+  EXPECT_EQ(maps[kMoeMapW13].base, at(0));
+  for (size_t i = 0; i < maps.size(); ++i) {
+    EXPECT_EQ(maps[i].params_offset, offsetof(KilnMoeParams, tensor_maps) + i * sizeof(KilnTensorMap));
+    EXPECT_EQ(maps[i].params_offset % 64, 0u);
+    EXPECT_EQ(maps[i].strides[0] % 16, 0u);
+  }
+  // None on the streaming phases: a GPU without wgmma, a decode-sized call, MXFP4 weights, and
+  // strides or addresses a TMA copy cannot take (these also keep the launch off the GEMM stages).
+  EXPECT_TRUE(spec->tensor_maps(&p, platform_for_target("sm_90")).empty());
+  p.num_tokens = 2;
+  EXPECT_TRUE(spec->tensor_maps(&p, sm90a).empty());
+  p.num_tokens = 100;
+  const unsigned char scale = 127;
+  p.w13_scale = &scale;
+  EXPECT_TRUE(spec->tensor_maps(&p, sm90a).empty());
+  p.w13_scale = nullptr;
+  p.w2_row_stride = 196;
+  EXPECT_TRUE(spec->tensor_maps(&p, sm90a).empty());
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, 0u);
+  p.w2_row_stride = 192;
+  p.x = at(2);
+  EXPECT_TRUE(spec->tensor_maps(&p, sm90a).empty());
+  p.x = at(0);
+  EXPECT_EQ(spec->tensor_maps(&p, sm90a).size(), size_t{kMoeTensorMaps});
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
 }
 
 // The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:

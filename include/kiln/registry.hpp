@@ -103,6 +103,19 @@ struct LaunchShape {
   bool cooperative = false;
 };
 
+// A TMA tensor map (NVIDIA, sm_90+) that kiln encodes into the parameter block just before the
+// launch, once the workspace is set, for kernels whose copies go through the tensor memory
+// accelerator. The tensor holds 16-bit elements; copies land in shared memory in the 128-byte
+// swizzle, and box elements past the tensor's extent arrive as zeros.
+struct TensorMapRequest {
+  size_t params_offset = 0;      // of the map's 128-byte slot, 64-byte aligned, in the parameter block
+  const void* base = nullptr;    // 16-byte aligned
+  uint32_t rank = 2;             // 2 or 3
+  uint64_t dims[3] = {1, 1, 1};  // elements, innermost first
+  uint64_t strides[2] = {0, 0};  // bytes from one index of dims 1 and 2 to the next (multiples of 16)
+  uint32_t box[3] = {1, 1, 1};   // elements per copy, innermost first: box[0] = 64 (128 bytes)
+};
+
 struct KernelSpec {
   std::string name;  // unique: "attention.prefill.reference"
   std::string family;
@@ -135,6 +148,9 @@ struct KernelSpec {
   // that writes its scratch before reading it clears only its counters this way, not the whole
   // allocation (755 MB for the MoE kernel at 8192 tokens).
   std::function<size_t(const void* params, const Platform&)> workspace_zeroed_bytes;
+  // Optional, NVIDIA only: the tensor maps to encode into this call's parameter block (after the
+  // workspace is set, so maps may point into it); none when the call takes a path without them.
+  std::function<std::vector<TensorMapRequest>(const void* params, const Platform&)> tensor_maps;
   std::string origin = "builtin";  // "builtin" or the plugin file it came from
 };
 

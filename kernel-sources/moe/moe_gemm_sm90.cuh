@@ -2,19 +2,25 @@
 // and down projections as grouped GEMMs on wgmma, when the launch gives the kernel the shared
 // memory for them (src/kernels/moe_stream.cpp decides by token count). Each is a persistent loop
 // over tiles (expert, 256 output columns, 128 of the expert's routed pairs), the pairs' rows
-// fastest, so the CTAs that share an expert's weight tile run at the same time. A tile's rows are
-// gathered: x rows of the pairs' tokens (up) or their act rows (down). Operands stream through
-// four shared-memory stages of 64-deep K slices by cp.async, in the 128-byte swizzle, two slices
-// ahead across tile boundaries; four warpgroups each own 64 rows x 128 columns of the tile
-// (m64n128k16), or, for an expert's last tile when it holds at most 64 pairs, 64 x 64 of a
-// 64 x 256 tile (m64n64k16, half the MMA work).
-//   up    act[pair][u] = activation(gate, up) + biases, bf16, for intermediate units u. Tile
-//         column q holds gate (q even) and up (q odd) of unit (n0 + q) / 2 in both layouts: for
-//         concatenated weights the B tile's rows are interleaved as they are loaded.
-//   down  y[pair][h] = act[pair] . W2[e][h] + bias, rounded to bf16.
+// fastest and claimed in order from a counter, so the CTAs that share an expert's weight tile run
+// at the same time. A tile's rows are consecutive rows of the grouped pair list: x_grouped (x rows
+// copied in grouped order by the group phase) for up, act (written in grouped order by up) for
+// down. Operands reach four shared-memory stages of 64-deep K slices by TMA (tensor maps in the
+// parameter block), in the 128-byte swizzle: thread 0 issues a stage's copies once every
+// warpgroup has released it (its `empty` mbarrier) and they land on its `full` mbarrier, three
+// slices ahead across tile boundaries. There is no CTA-wide barrier per K step, and no other
+// thread copies. Four warpgroups each own 64 rows x 128 columns of the tile (m64n128k16), or, for
+// an expert's last tile when it holds at most 64 pairs, 64 x 64 of a 64 x 256 tile (m64n64k16,
+// half the MMA work).
+//   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
+//         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
+//         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
+//         their up rows (the copies place them so).
+//   down  y[pair][h] = act[slot] . W2[e][h] + bias, rounded to bf16.
 #pragma once
 
 #include "common/mma_sm80.cuh"
+#include "common/tma_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/stream_workspace.h"
@@ -64,140 +70,202 @@ struct MoeGemmShape {
   }
 };
 
-// Feeds one projection's K slices into the stages two slices ahead of the MMAs, over the CTA's
-// whole sequence of tiles: the next tile's first slices load under this tile's last MMAs and its
-// epilogue. Each thread copies 16-byte chunk tid % 8 of tile rows tid / 8 + 64 j (A: j < 2; B:
-// j < 4). Rows past the tile's pairs or past the projection's columns are not loaded: they only
-// feed accumulator rows and columns that the epilogue drops.
+// The group phase's pair list in the workspace, awaited at barrier 1, and x_grouped for the up
+// GEMM's copies: the x row of each listed pair at its slot (in the second half of y's region,
+// which bf16 y leaves free). Each warp takes an even share of the pairs (lane j: pair j of a group
+// of 32) and copies their rows together, 16 bytes per lane.
+__device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, const int* ids, const int* pair_start, int* fill, int* pairs,
+                                                    bf16* x_grouped, int warp, int warps, int lane) {
+  const int num_pairs = p.num_tokens * p.top_k, per_row = p.hidden / 8;
+  const int share = (num_pairs + warps - 1) / warps, first = warp * share, last = min(num_pairs, first + share);
+  for (int q0 = first; q0 < last; q0 += 32) {
+    const int q = q0 + lane, rows = min(32, last - q0);
+    const int e = q < last ? *reinterpret_cast<const volatile int*>(&ids[q]) : -1;
+    const int slot = e >= 0 ? pair_start[e] + atomic_add_global(&fill[e], 1) : -1;
+    if (slot >= 0) pairs[slot] = q;
+    for (int base = 0; base < rows * per_row; base += 32) {
+      const int i = base + lane, j = min(i / per_row, 31), chunk = i - j * per_row;
+      const int to = __shfl_sync(0xffffffffu, slot, j);
+      if (i < rows * per_row && to >= 0) {
+        const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + 8 * chunk;
+        *reinterpret_cast<Bf16x8*>(x_grouped + static_cast<long long>(to) * p.hidden + 8 * chunk) = load16(from);
+      }
+    }
+  }
+  fence_async_global();  // the writes above are read by TMA copies
+}
+
+// The stages' mbarriers and the tile each tile's first slice belongs to, in the kernel's static
+// shared memory: both phases run on them, and a running count of slices gives every wait its phase.
+struct MoeGemmPipeline {
+  unsigned full, empty;  // shared-window addresses of kMoeStages barriers each, 8 bytes apart
+  int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
+  unsigned stage_base;   // stage 0, 1024-byte aligned
+  __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
+  __device__ unsigned empty_barrier(int slice) const { return empty + 8 * (slice % kMoeStages); }
+  __device__ unsigned stage(int slice) const { return stage_base + (slice % kMoeStages) * kMoeStageBytes; }
+  // Uses of a stage complete its barriers' phases in turn: slice s is use s / kMoeStages.
+  static __device__ unsigned parity(int slice) { return (slice / kMoeStages) & 1; }
+};
+
+// Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
+// their bytes), empty once each of the four warpgroups has released it.
+__device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe) {
+  for (int s = 0; s < kMoeStages; ++s) {
+    mbarrier_init(pipe.full + 8 * s, 1);
+    mbarrier_init(pipe.empty + 8 * s, 4);
+  }
+  mbarrier_init_fence();
+}
+
+// Thread 0's copies of one projection: the CTA's tiles in claim order, one K slice per stage,
+// then an end marker. A slice's stage is reused once its slice kMoeStages earlier is released.
 template <bool kUp, int kLayout>
 struct MoeGemmProducer {
-  // This thread's rows of one tile: A rows as token (up) or pair (down) indices (-1: not loaded),
-  // the first B row (B row j is b + j * b_step()), and the B row groups (of 64) in the columns.
-  struct Rows {
-    int a[2];
-    const bf16* b;
-    int b_rows;
-  };
-  Rows rows, next;  // of the tile being loaded, and of the CTA's tile after it
-  int ks;           // the K step to load next, of `rows`' tile
-  bool more;        // a tile is being loaded; `has_next`: `next` holds one
-  bool has_next;
+  MoeGemmTile t;  // of the tile being loaded
+  int tile;       // >= total_tiles: past the CTA's last tile
+  int ks;         // the K step to load next
+  int claimed;    // the CTA's tile after `tile`
+  bool finished;  // the end marker went out
 
-  static __device__ __forceinline__ bool concat() { return kUp && kLayout != kGateUpInterleaved; }
-  static __device__ __forceinline__ long long b_step(const KilnMoeParams& p) {
-    // Tile column q of the up projection is gate (q even) or up (q odd) of unit (n0 + q) / 2: for
-    // concatenated weights rows q and q + 64 are 32 weight rows apart.
-    return (concat() ? 32 : 64) * (kUp ? p.w13_row_stride : p.w2_row_stride);
+  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, int* counter) {
+    tile = blockIdx.x;
+    ks = 0;
+    finished = false;
+    if (tile < s.total_tiles) t = s.tile(p, tile);
+    claimed = tile < s.total_tiles ? gridDim.x + atomic_add_global(counter, 1) : s.total_tiles;
   }
 
-  static __device__ Rows rows_of(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmTile& t) {
-    const int row0 = threadIdx.x >> 3;
-    Rows r;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int m = row0 + 64 * j;
-      const int pair = m < t.count ? *reinterpret_cast<const volatile int*>(&s.pairs[t.first + m]) : -1;
-      r.a[j] = kUp && pair >= 0 ? pair / p.top_k : pair;
+  __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice, int* counter) {
+    if (finished) return;
+    if (slice >= kMoeStages) mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(slice - kMoeStages));
+    const unsigned full = pipe.full_barrier(slice);
+    if (tile >= s.total_tiles) {
+      pipe.tile_of_stage[slice % kMoeStages] = -1;
+      mbarrier_arrive(full);
+      finished = true;
+      return;
     }
-    const int n = t.n0 + row0;
-    const int w_row = concat() ? ((n & 1) ? p.intermediate + (n >> 1) : n >> 1) : n;
-    r.b = kUp ? static_cast<const bf16*>(p.w13) + t.expert * p.w13_expert_stride + w_row * p.w13_row_stride
-              : static_cast<const bf16*>(p.w2) + t.expert * p.w2_expert_stride + w_row * p.w2_row_stride;
-    r.b_rows = min(4, (s.n_total - t.n0) / 64);
-    return r;
-  }
-
-  // Looks up the CTA's tile after the one being consumed (`after`; none past the last tile).
-  __device__ void look_ahead(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, int after) {
-    has_next = after < s.total_tiles;
-    if (has_next) next = rows_of(p, s, s.tile(p, after));
-  }
-
-  // Loads the next slice into stage `slice` % kMoeStages (`slice`: the CTA's running count), or
-  // past the CTA's last tile commits an empty group, which keeps the consumer's wait count uniform.
-  // `first_stage`: stage 0's shared address plus this thread's swizzled chunk offset.
-  __device__ void issue(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const bf16* act, unsigned first_stage, int slice) {
-    if (more) {
-      const unsigned a_tile = first_stage + (slice % kMoeStages) * kMoeStageBytes, b_tile = a_tile + kMoeTileM * 128;
-      const int k0 = ks * kMoeTileK + (threadIdx.x & 7) * 8;
+    if (ks == 0) pipe.tile_of_stage[slice % kMoeStages] = tile;
+    // A: the tile's pairs in one or two boxes of 64 rows (the rows past them feed only
+    // accumulator rows the epilogue drops, whatever the stage held); B: 256 weight rows. Fewer,
+    // larger copies were faster (on an H200, bench/RESULTS.md).
+    const bool two_a = t.count > 64;
+    mbarrier_arrive_expect_tx(full, ((two_a ? 128 : 64) + kMoeTileN) * kMoeTileK * 2);
+    const unsigned a = pipe.stage(slice), b = a + kMoeTileM * 128;
+    const int k0 = ks * kMoeTileK;
+    const void* a_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
+    tma_load_2d(a, a_map, full, k0, t.first);
+    if (two_a) tma_load_2d(a + 64 * 128, a_map, full, k0, t.first + 64);
+    // Weight rows past the expert's arrive as zeros; rows of the next column block feed only
+    // columns the epilogue drops.
+    if (kUp && kLayout != kGateUpInterleaved) {
+      // 8 boxes of 32 rows: each warpgroup's columns are the gate rows of its units, then their up rows.
+      const int group = two_a ? 128 : 64;  // a warpgroup's columns (moe_gemm_tile's kN)
+      const int boxes = group / 32, half_boxes = group / 64;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (rows.a[j] < 0) continue;
-        const bf16* row = kUp ? static_cast<const bf16*>(p.x) + rows.a[j] * p.x_row_stride : act + static_cast<long long>(rows.a[j]) * p.intermediate;
-        copy16_async_or_zero(a_tile + j * 64 * 128, row + k0, true);
+      for (int box = 0; box < 8; ++box) {
+        const int within = box % boxes, unit = t.n0 / 2 + (box / boxes) * (group / 2) + (within % half_boxes) * 32;
+        tma_load_3d(b + box * 32 * 128, &p.tensor_maps[kMoeMapW13By32], full, k0, within >= half_boxes ? p.intermediate + unit : unit, t.expert);
       }
-      const long long step = b_step(p);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j < rows.b_rows) copy16_async_or_zero(b_tile + j * 64 * 128, rows.b + j * step + k0, true);
-      }
-      if (++ks == s.k_steps) {
-        ks = 0;
-        more = has_next;
-        rows = next;
-        has_next = false;
+    } else {
+      tma_load_3d(b, &p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2], full, k0, t.n0, t.expert);
+    }
+    if (++ks == s.k_steps) {
+      ks = 0;
+      tile = claimed;
+      if (tile < s.total_tiles) {
+        t = s.tile(p, tile);
+        claimed = gridDim.x + atomic_add_global(counter, 1);
       }
     }
-    commit_copies();
   }
 };
 
-// The MMAs and epilogue of one tile. kN: columns per warpgroup. 128: a 128 x 256 tile, warpgroups
-// 2 (rows) x 2 (columns), m64n128k16. 64: a tile of at most 64 pairs (an expert's last), 64 x 256,
-// warpgroups 1 x 4, m64n64k16, at half the MMA work. `slice`: the CTA's running slice count at the
-// tile's first K step.
+// A warpgroup is done with slice `slice`'s stage (its MMAs on it completed); thread 0 then refills
+// the stage with the slice kMoeStages on, once all four have released it.
+template <bool kUp, int kLayout>
+__device__ __forceinline__ void moe_gemm_release(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
+                                                 MoeGemmProducer<kUp, kLayout>& producer, int slice, int* counter) {
+  if ((threadIdx.x & 127) == 0) mbarrier_arrive(pipe.empty_barrier(slice));
+  if (threadIdx.x == 0) producer.load(p, s, pipe, slice + kMoeStages, counter);
+}
+
+// The MMAs and epilogue of one tile, whose first slice's stage is full (`slice`: the CTA's running
+// slice count, advanced past the tile). kN: columns per warpgroup. 128: a 128 x 256 tile,
+// warpgroups 2 (rows) x 2 (columns). 64: a tile of at most 64 pairs (an expert's last), 64 x 256,
+// warpgroups 1 x 4, at half the MMA work.
 template <int kN, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, MoeGemmProducer<kUp, kLayout>& producer,
-                                              const MoeGemmTile& t, unsigned stage_base, unsigned first_stage, int slice,
-                                              int warpgroup, bf16* act, bf16* y, float (&acc128)[16][4], const volatile int* next_tile) {
+__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
+                                              MoeGemmProducer<kUp, kLayout>& producer, const MoeGemmTile& t, int& slice, int warpgroup,
+                                              bf16* act, bf16* y, float (&acc128)[16][4], int* counter) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kN == 128 ? (warpgroup & 1) * 64 : 0, n_off = kN == 128 ? (warpgroup >> 1) * 128 : warpgroup * 64;
+  constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
   // projection's columns skip their MMAs.
   const bool live = t.n0 + n_off < s.n_total;
-  // Both tile shapes accumulate in the same registers (separate arrays made ptxas spill).
+  // Both tile shapes accumulate in the same registers (separate arrays made ptxas spill). With
+  // concatenated weights the first half of a warpgroup's columns is gate, the second up.
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc128[0][0]);
+  float(&gate_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc128[0][0]);
+  float(&up_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc128[kN / 16][0]);
   for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
-    wait_copies<1>();
-    fence_async_shared();
-    __syncthreads();  // slice `slice` landed for every thread; slice - 2's MMAs are done (waited below)
-    if (ks == 0) producer.look_ahead(p, s, *next_tile);  // claimed before the barrier (moe_gemm_phase)
-    producer.issue(p, s, act, first_stage, slice + 2);
-    const unsigned stage = stage_base + (slice % kMoeStages) * kMoeStageBytes;
-    const unsigned a_address = stage + m_off * 128, b_address = stage + kMoeTileM * 128 + n_off * 128;
+    if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));  // the first: waited by the caller
+    const unsigned stage = pipe.stage(slice);
+    const unsigned a_address = stage + m_off * 128, b_address = stage + kMoeTileM * 128;
     if (live) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kMoeTileK / 16; ++kk) {
-        wgmma_ss<bf16, kN>(acc, wgmma_descriptor(a_address + kk * 32, 16, 1024), wgmma_descriptor(b_address + kk * 32, 16, 1024),
+        wgmma_ss<bf16, kN>(acc, wgmma_descriptor(a_address + kk * 32, 16, 1024), wgmma_descriptor(b_address + n_off * 128 + kk * 32, 16, 1024),
                            ks > 0 || kk > 0);
       }
       wgmma_commit();
     }
     wgmma_wait<1>();
+    if (ks > 0) moe_gemm_release(p, s, pipe, producer, slice - 1, counter);
   }
   wgmma_wait<0>();
+  moe_gemm_release(p, s, pipe, producer, slice - 1, counter);
   if (!live) return;
   wgmma_fence_operands(acc);
 
-  // Epilogue: this thread's rows m_off + 16 warp + g (+ 8), columns n_off + 8 j + 2 c (+ 1).
+  // Epilogue: this thread's rows m_off + 16 warp + g (+ 8), columns n_off + 8 j + 2 c (+ 1) of the
+  // MMA (of each half with concatenated weights).
   const int inter = p.intermediate, hidden = p.hidden;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m_off + warp * 16 + g + 8 * half;
     if (r >= t.count) continue;
-    const int pair = *reinterpret_cast<const volatile int*>(&s.pairs[t.first + r]);
+    const long long slot = t.first + r;
+    if (kConcat) {
+#pragma unroll
+      for (int j = 0; j < kN / 16; ++j) {
+        const int u = t.n0 / 2 + n_off / 2 + 8 * j + 2 * c;  // units u and u + 1 (I is a multiple of 64)
+        if (u >= inter) continue;
+        const long long bias = t.expert * p.w13_bias_expert_stride;
+        float v[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          v[i] = glu_activation<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + u + i),
+                                             up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + inter + u + i));
+        }
+        *reinterpret_cast<u32*>(act + slot * inter + u) = pack2<bf16>(v[0], v[1]);
+      }
+      continue;
+    }
+    const int pair = kUp ? 0 : *reinterpret_cast<const volatile int*>(&s.pairs[slot]);
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
       const int n = t.n0 + n_off + 8 * j + 2 * c;
       if (n >= s.n_total) continue;
       const float v0 = acc[j][2 * half], v1 = acc[j][2 * half + 1];
-      if (kUp) {
+      if (kUp) {  // interleaved: v0 gate, v1 up of unit n / 2
         const int u = n >> 1;
-        const GateUpRows rows = gate_up_rows<kLayout>(u, inter);
         const long long bias = t.expert * p.w13_bias_expert_stride;
-        act[static_cast<long long>(pair) * inter + u] = from_float<bf16>(
-            glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate), v1 + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
+        act[slot * inter + u] = from_float<bf16>(glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + 2 * u),
+                                                                             v1 + moe_bias<kBias13>(p.w13_bias, bias + 2 * u + 1)));
       } else {
         const long long bias = t.expert * p.w2_bias_expert_stride + n;
         // n is even and H a multiple of 64: one aligned bf16 pair.
@@ -208,42 +276,41 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   }
 }
 
-// One projection over all tiles. kUp: A = x rows of the pairs' tokens (K = H), B = W13 rows, out
-// act (bf16); else A = act rows (K = I), B = W2 rows, out y (bf16). `act` and `y` are bf16 here.
-// CTA c starts with tile c; each later tile is claimed from `tile_counter` (zeroed) while the one
-// before it starts, so tiles go out in order as CTAs free up: the pair blocks that share a weight
-// tile run at the same time whatever each tile costs, and no CTA is left with a queue at the end.
+// One projection over all tiles. kUp: A = x_grouped rows (K = H), B = W13 rows, out act (bf16,
+// grouped order); else A = act rows (K = I), B = W2 rows, out y (bf16, by pair). `slice`: the
+// CTA's running slice count over both phases (the barriers' phases follow it). CTA c starts with
+// tile c; thread 0 claims each later one from `tile_counter` (zeroed) as it starts loading the one
+// before, so tiles go out in order as CTAs free up: the pair blocks that share a weight tile run at
+// the same time whatever each tile costs, and no CTA is left with a queue at the end.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_gemm_phase(const KilnMoeParams& p, unsigned char* stages, const int* mtile_start, const int* pair_start,
+__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start, const int* pair_start,
                                const int* pairs, bf16* act, bf16* y, int* tile_counter) {
-  __shared__ int claimed[2];  // the CTA's next tile, double-buffered by tile parity
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
-  const unsigned stage_base = shared_address(stages);
-  const unsigned first_stage = stage_base + swizzle128_offset(threadIdx.x >> 3, threadIdx.x & 7);  // rows step by 64: the swizzle repeats
   MoeGemmProducer<kUp, kLayout> producer;
-  producer.more = blockIdx.x < s.total_tiles;
-  if (producer.more) producer.rows = producer.rows_of(p, s, s.tile(p, blockIdx.x));
-  producer.has_next = false;
-  producer.ks = 0;
-  producer.issue(p, s, act, first_stage, 0);
-  producer.issue(p, s, act, first_stage, 1);
-
-  int slice = 0, parity = 0;
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
+    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2]);
+    producer.start(p, s, tile_counter);
+    for (int j = 0; j < kMoeStages; ++j) producer.load(p, s, pipe, slice + j, tile_counter);
+  }
   float acc[16][4];
-  for (int tile = blockIdx.x; tile < s.total_tiles; slice += s.k_steps, parity ^= 1) {
-    // Read after the tile's first barrier; the slot is rewritten two tiles on, after another.
-    if (threadIdx.x == 0) claimed[parity] = gridDim.x + atomic_add_global(tile_counter, 1);
+  for (;;) {
+    mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));
+    const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[slice % kMoeStages]);
+    if (tile < 0) {  // the end marker
+      moe_gemm_release(p, s, pipe, producer, slice, tile_counter);
+      ++slice;
+      break;
+    }
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64) moe_gemm_tile<64, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc, &claimed[parity]);
-    else moe_gemm_tile<128, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, producer, t, stage_base, first_stage, slice, warpgroup, act, y, acc, &claimed[parity]);
-    tile = *reinterpret_cast<volatile int*>(&claimed[parity]);
+    if (t.count <= 64) moe_gemm_tile<64, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, producer, t, slice, warpgroup, act, y, acc, tile_counter);
+    else moe_gemm_tile<128, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, producer, t, slice, warpgroup, act, y, acc, tile_counter);
   }
-  // Past the last tile only empty groups are pending; the grid barrier after the phase orders the
-  // stages' reuse.
-  wait_copies<0>();
+  // act (up) is read by down's copies after the grid barrier that follows.
+  if (kUp) fence_async_global();
 }
 
 }  // namespace kiln

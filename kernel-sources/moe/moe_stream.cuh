@@ -646,7 +646,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
-__global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const KilnMoeParams p) {
+__global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const __grid_constant__ KilnMoeParams p) {
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
   __shared__ int chunk_expert[kMoeChunkTable];           // each chunk's expert, up to kMoeChunkTable chunks
@@ -784,6 +784,10 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
       }
     }
     __syncthreads();
+  } else if (tensor_cores) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_gemm_list_pairs(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(y) + static_cast<long long>(num_pairs) * p.hidden, warp, warps, lane);
+#endif
   } else {  // the list in the workspace, awaited at barrier 1
     for (int q = thread; q < num_pairs; q += threads) {
       const int e = *reinterpret_cast<volatile int*>(&ids[q]);
@@ -793,14 +797,21 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const K
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    // The pipelined tiles need 1024-byte-aligned stages (the swizzle atoms).
-    unsigned char* stages = align_shared<1024>(moe_dynamic);
+    __shared__ __align__(8) unsigned long long gemm_barriers[2 * kMoeStages];
+    __shared__ int tile_of_stage[kMoeStages];
+    MoeGemmPipeline pipe;
+    pipe.full = shared_address(&gemm_barriers[0]);
+    pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
+    pipe.tile_of_stage = tile_of_stage;
+    pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment
+    if (threadIdx.x == 0) moe_gemm_init_barriers(pipe);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
+    int slice = 0;
     grid_barrier();
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[0]);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[0]);
     grid_barrier();
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, stages, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[1]);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[1]);
   }
 #endif
   if (!tensor_cores) {

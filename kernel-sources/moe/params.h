@@ -3,6 +3,16 @@
 // You MUST keep host and kernel builds in step: this file is part of every kernel's key.
 #pragma once
 
+// A CUDA tensor map (CUtensorMap): 128 bytes on a 64-byte boundary, opaque to the kernel.
+struct KilnTensorMap {
+  alignas(64) unsigned long long words[16];
+};
+
+// The grouped-GEMM phases' operands (moe/moe_gemm_sm90.cuh), in KilnMoeParams::tensor_maps.
+// A rows come in boxes of 64, weight rows in boxes of 256, or of 32 for W13 with gate and up
+// concatenated (whose copies interleave them by warpgroup).
+enum { kMoeMapXGrouped = 0, kMoeMapW13 = 1, kMoeMapW13By32 = 2, kMoeMapAct = 3, kMoeMapW2 = 4, kMoeTensorMaps = 5 };
+
 struct KilnMoeParams {
   const void* x;              // [T, H] bf16
   void* out;                  // [T, H] bf16
@@ -28,4 +38,7 @@ struct KilnMoeParams {
   // Zero-filled scratch that kiln allocates on the call's stream for kernels that ask for it
   // (KernelSpec::workspace_bytes); null otherwise.
   void* workspace;
+  // TMA tensor maps of the grouped-GEMM phases, encoded by kiln at launch after the workspace is
+  // set (KernelSpec::tensor_maps, src/kernels/moe_stream.cpp); left zero on other paths.
+  KilnTensorMap tensor_maps[kMoeTensorMaps];
 };

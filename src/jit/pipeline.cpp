@@ -280,8 +280,8 @@ void run_operator(const OperatorCall& call) {
   if (launch_vendor() == Vendor::kAmd) {
     const Platform& platform = hip::device_platform(call.device);
     const auto kernel = find_loaded(call, platform, &platform);
-    if (kernel->spec->workspace_bytes) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs a workspace, which kiln allocates on NVIDIA only", kernel->spec->name));
+    if (kernel->spec->workspace_bytes || kernel->spec->tensor_maps) {
+      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs a workspace or tensor maps, which kiln provides on NVIDIA only", kernel->spec->name));
     }
     hip::launch(call.device, kernel->hip_function.function, kernel->spec->launch_shape(call.params, platform), call.params,
                 call.stream, kernel->spec->name);
@@ -301,6 +301,11 @@ void run_operator(const OperatorCall& call) {
       const size_t zeroed = kernel->spec->workspace_zeroed_bytes ? kernel->spec->workspace_zeroed_bytes(call.params, dev.platform) : bytes;
       scratch.emplace(bytes, zeroed, call.stream);
       *call.workspace = scratch->pointer();
+    }
+  }
+  if (kernel->spec->tensor_maps) {
+    for (const TensorMapRequest& map : kernel->spec->tensor_maps(call.params, dev.platform)) {
+      cuda::encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);
     }
   }
   cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);

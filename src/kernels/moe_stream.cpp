@@ -3,6 +3,9 @@
 // sm_90a with bf16 weights its up and down phases become grouped GEMMs on wgmma from a token count
 // on (moe/moe_gemm_sm90.cuh).
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -23,12 +26,53 @@ constexpr int kThreads = 512;     // kMoeStreamWarps x 32
 // 0.445. Not measured again since, nor between the two.
 constexpr long long kGemmMinPairs = 16;
 
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
 // The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices, at
-// least 3 of them: their copies run two slices ahead, and a tile's first K step looks up the tile
-// after it (moe_gemm_sm90.cuh).
+// least 3 of them (moe_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads:
+// 16-byte aligned, with row and expert strides in whole 16 bytes.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
-  return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
+  const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % 8 == 0 &&
+                       p.w13_expert_stride % 8 == 0 && p.w2_row_stride % 8 == 0 && p.w2_expert_stride % 8 == 0;
+  return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
          p.hidden >= 192 && p.intermediate >= 192 && static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+}
+
+// The grouped GEMMs' operands as TMA tensor maps (moe_gemm_sm90.cuh): A boxes of 64 rows x 64 K
+// of x_grouped (in y's region, after bf16 y) and act, both in grouped order; weight boxes of 64 K
+// by 256 rows of one expert, and by 32 rows of W13 for concatenated gate and up.
+std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Platform& platform) {
+  if (!use_grouped_gemm(p, platform)) return {};
+  const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
+  const auto* ws = static_cast<const unsigned char*>(p.workspace);
+  const uint64_t pairs = static_cast<uint64_t>(p.num_tokens) * p.top_k, hidden = p.hidden, inter = p.intermediate;
+  auto rows = [](size_t slot, const void* base, uint64_t columns, uint64_t count) {
+    TensorMapRequest m;
+    m.params_offset = offsetof(KilnMoeParams, tensor_maps) + slot * sizeof(KilnTensorMap);
+    m.base = base;
+    m.rank = 2;
+    m.dims[0] = columns;
+    m.dims[1] = count;
+    m.strides[0] = columns * 2;
+    m.box[0] = 64;
+    m.box[1] = 64;
+    return m;
+  };
+  auto weights = [&](size_t slot, const void* base, uint64_t columns, uint64_t count, long long row_stride, long long expert_stride,
+                     uint32_t box_rows) {
+    TensorMapRequest m = rows(slot, base, columns, count);
+    m.rank = 3;
+    m.dims[2] = static_cast<uint64_t>(p.num_experts);
+    m.strides[0] = static_cast<uint64_t>(row_stride) * 2;
+    m.strides[1] = static_cast<uint64_t>(expert_stride) * 2;
+    m.box[1] = box_rows;
+    return m;
+  };
+  return {rows(kMoeMapXGrouped, ws + layout.y + 2 * pairs * hidden, hidden, pairs),
+          weights(kMoeMapW13, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 256),
+          weights(kMoeMapW13By32, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 32),
+          rows(kMoeMapAct, ws + layout.act, inter, pairs),
+          weights(kMoeMapW2, p.w2, inter, hidden, p.w2_row_stride, p.w2_expert_stride, 256)};
 }
 
 // The MXFP4 rings, and after them x for local routing where the GPU's shared memory holds it
@@ -86,6 +130,9 @@ KernelSpec moe_stream_spec() {
   // zero; routed locally, nothing does, and the launch goes without a memset before it (on an
   // H200 as CUDA graphs, GPT-OSS at T = 1: MXFP4 0.0427 ms against 0.0436, bf16 0.0716 against
   // 0.0726). Every other region is written before it is read (stream_workspace.h).
+  spec.tensor_maps = [](const void* params, const Platform& platform) {
+    return gemm_tensor_maps(*static_cast<const KilnMoeParams*>(params), platform);
+  };
   spec.workspace_zeroed_bytes = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
     if (kiln_moe_routes_locally(p.num_tokens, p.hidden, p.w13_scale != nullptr, use_grouped_gemm(p, platform), dynamic_shared_bytes(p, platform))) {

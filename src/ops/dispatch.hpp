@@ -25,7 +25,9 @@ struct OperatorCall {
   Signature (*make_signature)(const void* args);  // called on a miss only
   const void* args;                               // the operator's validated argument struct
   int device;
-  const void* params;  // parameter block (kernel-sources/<family>/params.h), passed by value
+  // Parameter block (kernel-sources/<family>/params.h), passed by value. kiln fills its
+  // launch-time fields (the workspace, tensor maps) before the launch.
+  void* params;
   Stream stream;
   // The parameter block's `workspace` field, for kernels that ask for scratch (KernelSpec::
   // workspace_bytes); null for operators without one.

@@ -161,6 +161,26 @@ void unload(const LoadedFunction& f) {
   if (f.module != nullptr) KILN_CU_FN(cuModuleUnload)(f.module);
 }
 
+void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::string& kernel_name) {
+  if (reinterpret_cast<uintptr_t>(slot) % 64 != 0) {
+    throw Error(ErrorCode::kInternal, fmt::format("kernel '{}': tensor map slot not 64-byte aligned", kernel_name));
+  }
+  const cuuint64_t dims[3] = {map.dims[0], map.dims[1], map.dims[2]};
+  const cuuint64_t strides[2] = {map.strides[0], map.strides[1]};
+  const cuuint32_t box[3] = {map.box[0], map.box[1], map.box[2]};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = KILN_CU_FN(cuTensorMapEncodeTiled)(
+      static_cast<CUtensorMap*>(slot), CU_TENSOR_MAP_DATA_TYPE_UINT16, map.rank, const_cast<void*>(map.base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("kernel '{}': cuTensorMapEncodeTiled rejected a rank-{} map of {}x{}x{} elements (strides {}, {} B; box {}x{}x{}) at {}: {}",
+                            kernel_name, map.rank, map.dims[0], map.dims[1], map.dims[2], map.strides[0], map.strides[1], map.box[0],
+                            map.box[1], map.box[2], map.base, describe(result)));
+  }
+}
+
 void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name) {
   if (shape.dynamic_shared_bytes > 48 * 1024) {
