@@ -7,7 +7,7 @@
 // copied in grouped order by the group phase) for up, act (written in grouped order by up) for
 // down. Operands reach four shared-memory stages of 64-deep K slices by TMA (tensor maps in the
 // parameter block), in the 128-byte swizzle: thread 0 issues a stage's copies once every
-// warpgroup has released it (its `empty` mbarrier) and they land on its `full` mbarrier, three
+// thread has released it (its `empty` mbarrier) and they land on its `full` mbarrier, three
 // slices ahead across tile boundaries. There is no CTA-wide barrier per K step, and no other
 // thread copies. Four warpgroups each own 64 rows x 128 columns of the tile (m64n128k16), or, for
 // an expert's last tile when it holds at most 64 pairs, 64 x 64 of a 64 x 256 tile (m64n64k16,
@@ -99,9 +99,11 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
 // shared memory: both phases run on them, and a running count of slices gives every wait its phase.
 struct MoeGemmPipeline {
   unsigned full, empty;  // shared-window addresses of kMoeStages barriers each, 8 bytes apart
+  unsigned told;         // likewise: tile_of_stage written (thread 0 arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
   unsigned stage_base;   // stage 0, 1024-byte aligned
   __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
+  __device__ unsigned told_barrier(int slice) const { return told + 8 * (slice % kMoeStages); }
   __device__ unsigned empty_barrier(int slice) const { return empty + 8 * (slice % kMoeStages); }
   __device__ unsigned stage(int slice) const { return stage_base + (slice % kMoeStages) * kMoeStageBytes; }
   // Uses of a stage complete its barriers' phases in turn: slice s is use s / kMoeStages.
@@ -109,11 +111,13 @@ struct MoeGemmPipeline {
 };
 
 // Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
-// their bytes), empty once each of the four warpgroups has released it.
+// their bytes), empty once each of the CTA's threads has released it. `told` hands over the
+// tile index by a plain arrival: thread to thread, without the copies' completion in between.
 __device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe) {
   for (int s = 0; s < kMoeStages; ++s) {
     mbarrier_init(pipe.full + 8 * s, 1);
-    mbarrier_init(pipe.empty + 8 * s, 4);
+    mbarrier_init(pipe.empty + 8 * s, 4 * 128);
+    mbarrier_init(pipe.told + 8 * s, 1);
   }
   mbarrier_init_fence();
 }
@@ -142,11 +146,13 @@ struct MoeGemmProducer {
     const unsigned full = pipe.full_barrier(slice);
     if (tile >= s.total_tiles) {
       pipe.tile_of_stage[slice % kMoeStages] = -1;
+      mbarrier_arrive(pipe.told_barrier(slice));
       mbarrier_arrive(full);
       finished = true;
       return;
     }
     if (ks == 0) pipe.tile_of_stage[slice % kMoeStages] = tile;
+    mbarrier_arrive(pipe.told_barrier(slice));
     // A: the tile's pairs in one or two boxes of 64 rows (the rows past them feed only
     // accumulator rows the epilogue drops, whatever the stage held); B: 256 weight rows. Fewer,
     // larger copies were faster (on an H200, bench/RESULTS.md).
@@ -182,12 +188,15 @@ struct MoeGemmProducer {
   }
 };
 
-// A warpgroup is done with slice `slice`'s stage (its MMAs on it completed); thread 0 then refills
-// the stage with the slice kMoeStages on, once all four have released it.
+// This thread is done with slice `slice`'s stage (its warpgroup's MMAs on it completed, its read
+// of tile_of_stage long done); thread 0 then refills the stage with the slice kMoeStages on, once
+// every thread has released it. Every thread arrives: an arrival orders only its own thread's
+// accesses before the refill (with one thread per warpgroup, compute-sanitizer's racecheck
+// reported the other threads' reads of tile_of_stage against its rewrite).
 template <bool kUp, int kLayout>
 __device__ __forceinline__ void moe_gemm_release(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
                                                  MoeGemmProducer<kUp, kLayout>& producer, int slice, int* counter) {
-  if ((threadIdx.x & 127) == 0) mbarrier_arrive(pipe.empty_barrier(slice));
+  mbarrier_arrive(pipe.empty_barrier(slice));
   if (threadIdx.x == 0) producer.load(p, s, pipe, slice + kMoeStages, counter);
 }
 
@@ -296,6 +305,9 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pi
   }
   float acc[16][4];
   for (;;) {
+    // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
+    // is refilled only after this slice is released.
+    mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));
     mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));
     const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[slice % kMoeStages]);
     if (tile < 0) {  // the end marker

@@ -797,11 +797,12 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    __shared__ __align__(8) unsigned long long gemm_barriers[2 * kMoeStages];
+    __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     MoeGemmPipeline pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
     pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
+    pipe.told = shared_address(&gemm_barriers[2 * kMoeStages]);
     pipe.tile_of_stage = tile_of_stage;
     pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment
     if (threadIdx.x == 0) moe_gemm_init_barriers(pipe);

@@ -13,9 +13,11 @@
 //   x_reordered  [T, H] bf16, x in the MXFP4 path's k order (written only for MXFP4 weights, and
 //             not when every CTA routes locally and keeps its own copy)
 //   act       [T * k, I] bf16 (the first half of the region), the activated intermediate vector
-//             of each (token, slot)
+//             of each (token, slot); on the grouped-GEMM path in grouped order (row = slot of
+//             the pair list), which the down GEMM's TMA copies read as consecutive rows
 //   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
-//             in the first half of the region, on the grouped-GEMM path)
+//             in the first half of the region, on the grouped-GEMM path; the second half then
+//             holds x_grouped [T * k, H] bf16, the x row of each slot, for the up GEMM's copies)
 #pragma once
 
 #include "common/host_device.h"
