@@ -257,8 +257,9 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
         float v[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          v[i] = glu_activation<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + u + i),
-                                             up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + inter + u + i));
+          const GateUpRows rows = gate_up_rows<kLayout>(u + i, inter);
+          v[i] = glu_activation<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                             up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
         }
         *reinterpret_cast<u32*>(act + slot * inter + u) = pack2<bf16>(v[0], v[1]);
       }
@@ -272,9 +273,10 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
       const float v0 = acc[j][2 * half], v1 = acc[j][2 * half + 1];
       if (kUp) {  // interleaved: v0 gate, v1 up of unit n / 2
         const int u = n >> 1;
+        const GateUpRows rows = gate_up_rows<kLayout>(u, inter);
         const long long bias = t.expert * p.w13_bias_expert_stride;
-        act[slot * inter + u] = from_float<bf16>(glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + 2 * u),
-                                                                             v1 + moe_bias<kBias13>(p.w13_bias, bias + 2 * u + 1)));
+        act[slot * inter + u] = from_float<bf16>(glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                                                             v1 + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
       } else {
         const long long bias = t.expert * p.w2_bias_expert_stride + n;
         // n is even and H a multiple of 64: one aligned bf16 pair.
