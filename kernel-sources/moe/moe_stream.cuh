@@ -786,7 +786,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
     __syncthreads();
   } else if (tensor_cores) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    moe_gemm_list_pairs(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(y) + static_cast<long long>(num_pairs) * p.hidden, warp, warps, lane);
+    moe_gemm_list_pairs(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped), warp, warps, lane);
 #endif
   } else {  // the list in the workspace, awaited at barrier 1
     for (int q = thread; q < num_pairs; q += threads) {

@@ -52,6 +52,7 @@ KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long 
 
 struct KilnMoeStreamWorkspace {
   long long gemm_counters, counts, fill, ids, weights, pairs, x_reordered, act, y, total;
+  long long x_grouped;  // inside y's region: the half after bf16 y (grouped-GEMM path only)
 };
 
 KILN_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
@@ -70,5 +71,6 @@ KILN_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long lo
   w.act = w.x_reordered + kiln_moe_align256(2 * tokens * hidden);
   w.y = w.act + kiln_moe_align256(4 * pairs * inter);
   w.total = w.y + kiln_moe_align256(4 * pairs * hidden);
+  w.x_grouped = w.y + 2 * pairs * hidden;
   return w;
 }

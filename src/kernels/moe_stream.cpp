@@ -68,7 +68,7 @@ std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Pla
     m.box[1] = box_rows;
     return m;
   };
-  return {rows(kMoeMapXGrouped, ws + layout.y + 2 * pairs * hidden, hidden, pairs),
+  return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs),
           weights(kMoeMapW13, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 256),
           weights(kMoeMapW13By32, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 32),
           rows(kMoeMapAct, ws + layout.act, inter, pairs),
