@@ -4,6 +4,13 @@
 // You MUST keep host and kernel builds in step: this file is part of every kernel's key.
 #pragma once
 
+#include "common/tensor_map.h"
+
+// The TMA maps of KilnPrefillParams::tensor_maps (attention/prefill_wgmma_window_sm90.cuh): 3-D
+// over (head_dim, heads, rows), boxes of 64 elements x 1 head x the kernel's rows (16 for q, one
+// key block for k and v).
+enum { kPrefillMapQ = 0, kPrefillMapK = 1, kPrefillMapV = 2, kPrefillTensorMaps = 3 };
+
 struct KilnPrefillParams {
   const void* q;    // [total_q, Hq, D]
   const void* k;    // [total_k, Hkv, D]
@@ -28,6 +35,8 @@ struct KilnPrefillParams {
   int window_left;  // -1: none
   float softmax_scale;
   float softcap;    // 0: none
+  int total_q, total_k;  // rows of q and of k and v
+  KilnTensorMap tensor_maps[kPrefillTensorMaps];  // encoded at launch for kernels that copy by TMA, else unset
 };
 
 struct KilnDecodeParams {

@@ -2,10 +2,11 @@
 // one KV head over few positions, like the mma.sync window kernel (prefill_mma_sm80.cuh): warp w
 // owns 16 positions of head w % kHeadsPerCta. GPT-OSS (4 warps, 4 of the 8 heads of a KV head,
 // 16 positions) has a band of 144 keys: three 48-key blocks starting at the band's first key,
-// copied by cp.async one block ahead (kStages = 2). Per block the warpgroup computes
-// S = Q K^T as one m64n48 MMA chain (both operands in shared memory, 128-byte swizzle), one
-// online-softmax step, and O += P V with P from registers and V read N-major. Out goes through
-// shared memory so that stores write whole rows.
+// copied by TMA one block ahead (kStages = 2; one thread issues the copies, which took 19% of the
+// instructions as per-thread cp.async). Per block the warpgroup computes S = Q K^T as one m64n48
+// MMA chain (both operands in shared memory, 128-byte swizzle), one online-softmax step, and
+// O += P V with P from registers and V read N-major. Out goes through shared memory so that stores
+// write whole rows.
 //
 // Measured on an H200 (GPT-OSS window 128 with sinks, S = 4096; bench/RESULTS.md): one 144-key
 // block took 133 registers (S alone is 72) and ran 1 CTA per SM, 40% slower than 48-key blocks;
@@ -13,7 +14,9 @@
 // one warpgroup at 5 CTAs per SM (33 KB of shared memory each); 3 stages (45 KB: 4 CTAs per SM)
 // ran 3% slower than 2.
 // Launch: grid (ceil(max_seqlen_q / positions), Hq / kHeadsPerCta, batch), block 32 * kWarps,
-// dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 + 1024 bytes.
+// dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 + 1024 + 8 kStages bytes;
+// KilnPrefillParams::tensor_maps holds q, k and v (boxes of 16 and kBlockK rows; prefill_tensor_maps
+// in src/kernels/attention_prefill_mma.cpp).
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -21,24 +24,35 @@
 #include "attention/prefill_block.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
+#include "common/tma_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 
 namespace kiln {
 
-// Registers for 5 CTAs of 4 warps per SM at head_dim 64 (93 used), 2 at head_dim 128; for 8-warp
+// Zeroes rows [first, kTileRows) of a 128-byte-swizzled tile of kAtoms 64-column atoms
+// (`atom_bytes` apart). Whole 128-byte rows, so the swizzle does not matter.
+template <int kTileRows, int kAtoms>
+__device__ __forceinline__ void zero_rows_from(unsigned char* tile, int atom_bytes, int first, unsigned thread, unsigned threads) {
+  for (unsigned i = thread; i < kTileRows * 8 * kAtoms; i += threads) {
+    const unsigned chunk = i % 8, row = i / 8 % kTileRows, atom = i / (8 * kTileRows);
+    if (static_cast<int>(row) >= first) *reinterpret_cast<uint4*>(tile + atom * atom_bytes + row * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Registers for 5 CTAs of 4 warps per SM at head_dim 64 (90 used), 2 at head_dim 128; for 8-warp
 // CTAs 2 and 1.
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window_sm90(const KilnPrefillParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window_sm90(const __grid_constant__ KilnPrefillParams p) {
   static_assert(kWarps % 4 == 0 && kWarps % kHeadsPerCta == 0, "whole warpgroups; each head gets whole warps");
   static_assert(kBlockK % 16 == 0 && kBlockK * 128 % 1024 == 0 && kStages >= 2, "whole swizzle atoms");
-  constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr unsigned kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
+  constexpr unsigned kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr int kQAtomBytes = kRows * 128, kKAtomBytes = kBlockK * 128, kTileBytes = kKAtomBytes * (kHeadDim / 64);
   constexpr int kKeyTiles = kBlockK / 8, kDTiles = kHeadDim / 8;
-  static_assert(kRows * kChunks % kThreads == 0, "whole Q copies per thread");
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = align_shared<1024>(shared_raw);
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
+  const unsigned full_barriers = shared_address(kv_tiles + kStages * 2 * kTileBytes);  // [kStages], 8 bytes each
 
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_sm90.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
@@ -47,47 +61,40 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   if (blk.q0 >= blk.len_q) return;
   const int num_blocks = blk.key_end > blk.key_start ? (blk.key_end - blk.key_start + kBlockK - 1) / kBlockK : 0;
 
-  // Q rows: tile row 16 w + r is position q0 + 16 (w / kHeadsPerCta) + r of head w % kHeadsPerCta;
-  // rows past the sequence zero-filled.
-  const T* q_base = static_cast<const T*>(p.q) + (blk.q_begin + blk.q0) * p.q_row_stride + blk.head * p.q_head_stride;
-#pragma unroll
-  for (int j = 0; j < kRows * kChunks / kThreads; ++j) {
-    const int i = threadIdx.x + j * kThreads, row = i / kChunks, chunk = i % kChunks, w = row / 16;
-    const int position = 16 * (w / kHeadsPerCta) + row % 16;
-    const bool valid = blk.q0 + position < blk.len_q;
-    const T* src = q_base + (valid ? position : 0) * p.q_row_stride + (w % kHeadsPerCta) * p.q_head_stride + chunk * 8;
-    copy16_async_or_zero(q_tile + swizzle128_tile_offset(row, chunk, kQAtomBytes), src, valid);
+  // Thread 0 alone copies, by TMA, kStages - 1 blocks ahead of the MMAs; block 0 brings Q too, and
+  // each block completes on its stage's mbarrier. Q tile row 16 w + r is position
+  // q0 + 16 (w / kHeadsPerCta) + r of head w % kHeadsPerCta: one box of 16 rows per warp. Rows past
+  // the sequence arrive too (the next sequence's, or zeros past the tensor): their out rows are not
+  // stored, and V rows past the band are zeroed before P V reads them (P is 0 there, and
+  // 0 * garbage could be NaN).
+  if (threadIdx.x == 0) {
+    for (int stage = 0; stage < kStages; ++stage) mbarrier_init(full_barriers + 8 * stage, 1);
+    mbarrier_init_fence();
   }
-
-  // K and V of key block `block` into its stage, one cp.async group (Q joins the first); keys past
-  // the band are zero-filled (P is 0 there, and 0 * garbage could be NaN). A thread copies chunk
-  // `chunk` of rows row0 + j kRowStep: kRowStep is a multiple of 8, so the swizzled offset moves by
-  // whole rows, and the source pointers advance by one stride (few registers live across the loop).
-  constexpr int kRowStep = kThreads / kChunks, kCopies = (kBlockK + kRowStep - 1) / kRowStep;
-  static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
-  const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
-  const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
-  const T* const k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + chunk * 8;
-  const T* const v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + chunk * 8;
+  __syncthreads();
   auto issue = [&](int block) {
-    if (block >= num_blocks) {  // an empty group, so every thread always has the same groups in flight
-      commit_copies();
-      return;
-    }
-    unsigned char* const k_tile = kv_tiles + (block % kStages) * 2 * kTileBytes + copy_offset;
-    const int first = blk.key_start + block * kBlockK + row0;
-    const T* k_src = k_rows + static_cast<long long>(first) * p.k_row_stride;
-    const T* v_src = v_rows + static_cast<long long>(first) * p.v_row_stride;
+    if (threadIdx.x != 0 || block >= num_blocks) return;
+    const unsigned barrier = full_barriers + 8 * (block % kStages);
+    const unsigned k_tile = shared_address(kv_tiles + (block % kStages) * 2 * kTileBytes);
+    mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + (block == 0 ? kQAtomBytes * (kHeadDim / 64) : 0));
+    if (block == 0) {
 #pragma unroll
-    for (int j = 0; j < kCopies; ++j) {
-      if (kBlockK % kRowStep != 0 && j == kCopies - 1 && row0 + j * kRowStep >= kBlockK) break;
-      const bool valid = first + j * kRowStep < blk.key_end;
-      copy16_async_or_zero(k_tile + j * kRowStep * 128, valid ? k_src : k_rows, valid);
-      copy16_async_or_zero(k_tile + kTileBytes + j * kRowStep * 128, valid ? v_src : v_rows, valid);
-      k_src += kRowStep * p.k_row_stride;
-      v_src += kRowStep * p.v_row_stride;
+      for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+        for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+          tma_load_3d(shared_address(q_tile) + atom * kQAtomBytes + w * 16 * 128, &p.tensor_maps[kPrefillMapQ], barrier, atom * 64,
+                      blk.head + w % kHeadsPerCta, blk.q_begin + blk.q0 + 16 * (w / kHeadsPerCta));
+        }
+      }
+    } else {
+      fence_async_shared();  // the stage was last written through the generic proxy too (zeroed V rows)
     }
-    commit_copies();
+    const int first_key = blk.k_begin + blk.key_start + block * kBlockK;
+#pragma unroll
+    for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+      tma_load_3d(k_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapK], barrier, atom * 64, blk.kv_head, first_key);
+      tma_load_3d(k_tile + kTileBytes + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapV], barrier, atom * 64, blk.kv_head, first_key);
+    }
   };
 #pragma unroll
   for (int block = 0; block < kStages - 1; ++block) issue(block);
@@ -102,12 +109,14 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
 
   for (int block = 0; block < num_blocks; ++block) {
-    wait_copies<kStages - 2>();
-    fence_async_shared();
-    __syncthreads();  // this block (and Q) landed for every thread; every warpgroup is done with the previous one
-    issue(block + kStages - 1);  // into the previous block's stage
-    const unsigned k_address = shared_address(kv_tiles + (block % kStages) * 2 * kTileBytes);
-    const unsigned v_address = k_address + kTileBytes;
+    __syncthreads();  // every warp is done with the previous block, whose stage thread 0 refills now
+    issue(block + kStages - 1);
+    mbarrier_wait(full_barriers + 8 * (block % kStages), (block / kStages) & 1);
+    unsigned char* const v_tile = kv_tiles + (block % kStages) * 2 * kTileBytes + kTileBytes;
+    const unsigned k_address = shared_address(v_tile - kTileBytes), v_address = k_address + kTileBytes;
+    const int key0 = blk.key_start + block * kBlockK;
+    const bool past_band = key0 + kBlockK > blk.key_end;  // CTA-uniform
+    if (past_band) zero_rows_from<kBlockK, kHeadDim / 64>(v_tile, kKAtomBytes, blk.key_end - key0, threadIdx.x, kThreads);
 
     float s[kKeyTiles][4];
     wgmma_define_operands(s);  // the first MMA overwrites S: nothing of the last block stays live
@@ -118,16 +127,20 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
-    // Scale, cap and mask; masks only where the warp's rows cross a band edge or the end.
-    const int key0 = blk.key_start + block * kBlockK;
+    // Cap and mask (the scale joins the softmax's exp2); masks only where the warp's rows cross a
+    // band edge or the end.
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_q0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_q0 + 15 + blk.shift - p.window_left);
     scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    online_softmax_step(s, m_row, l_row, o);
+    online_softmax_step(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p), block == 0);
     // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators. V is
     // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
     unsigned pa[kBlockK / 16][4];
     pack_p_fragments<T>(s, pa);
+    if (past_band) {  // the zeroed V rows, written through the generic proxy, before any warp's P V
+      fence_async_shared();
+      __syncthreads();
+    }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
@@ -135,7 +148,6 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     wgmma_wait<0>();
     wgmma_fence_operands(o);
   }
-  wait_copies<0>();  // no key block: Q's copies still land before the warp reuses their rows
 
   // Out through the warp's own 16 Q rows in shared memory (no MMA reads them any more), so each
   // store writes whole 128-byte rows: stored straight from the accumulators, a warp instruction
@@ -158,9 +170,9 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   __syncwarp();
   T* const out_rows = static_cast<T*>(p.out) + (blk.q_begin + warp_q0) * p.out_row_stride + head * p.out_head_stride;
 #pragma unroll
-  for (int j = 0; j < 16 * kChunks / 32; ++j) {
-    const int i = lane + 32 * j, r = i / kChunks, chunk = i % kChunks;
-    if (warp_q0 + r < blk.len_q) {
+  for (unsigned j = 0; j < 16 * kChunks / 32; ++j) {
+    const unsigned i = lane + 32 * j, r = i / kChunks, chunk = i % kChunks;
+    if (warp_q0 + static_cast<int>(r) < blk.len_q) {
       *reinterpret_cast<uint4*>(out_rows + r * p.out_row_stride + chunk * 8) =
           *reinterpret_cast<const uint4*>(out_tile + swizzle128_tile_offset(r, chunk, kQAtomBytes));
     }

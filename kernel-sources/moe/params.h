@@ -3,10 +3,7 @@
 // You MUST keep host and kernel builds in step: this file is part of every kernel's key.
 #pragma once
 
-// A CUDA tensor map (CUtensorMap): 128 bytes on a 64-byte boundary, opaque to the kernel.
-struct KilnTensorMap {
-  alignas(64) unsigned long long words[16];
-};
+#include "common/tensor_map.h"
 
 // The grouped-GEMM phases' operands (moe/moe_gemm_sm90.cuh), in KilnMoeParams::tensor_maps.
 // A rows come in boxes of 64, weight rows in boxes of 256, or of 32 for W13 with gate and up

@@ -5,6 +5,8 @@
 // (prefill_wgmma_sm90.cuh) and the head-packing window one (prefill_wgmma_window_sm90.cuh).
 #include <fmt/format.h>
 
+#include <cstddef>
+
 #include "attention/params.h"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
@@ -29,7 +31,39 @@ struct PrefillKernel {
   int key_rows;            // rows of each K and V tile
   int stages;              // K and V tile pairs in shared memory
   uint32_t alignment = 0;  // slack added to shared memory to align the tiles
+  bool tma = false;        // Q, K and V copied by TMA (tensor maps in the parameter block), one mbarrier per stage
 };
+
+// The TMA maps of the wgmma window kernel: q, k and v as (head_dim, heads, rows), boxes of 64
+// elements x 1 head x `q_rows` or `key_rows` rows. With no keys at all no CTA copies any, but the
+// maps must still encode: k and v then map one row of q.
+std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows) {
+  auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
+    TensorMapRequest m;
+    m.params_offset = offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap);
+    m.base = base;
+    m.rank = 3;
+    m.dims[0] = static_cast<uint64_t>(p.head_dim);
+    m.dims[1] = static_cast<uint64_t>(heads);
+    m.dims[2] = static_cast<uint64_t>(rows);
+    m.strides[0] = static_cast<uint64_t>(head_stride) * 2;
+    m.strides[1] = static_cast<uint64_t>(row_stride) * 2;
+    m.box[0] = 64;
+    m.box[1] = 1;
+    m.box[2] = static_cast<uint32_t>(box_rows);
+    return m;
+  };
+  std::vector<TensorMapRequest> maps;
+  maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_rows));
+  if (p.total_k > 0) {
+    maps.push_back(map(kPrefillMapK, p.k, p.num_heads_kv, p.total_k, p.k_row_stride, p.k_head_stride, key_rows));
+    maps.push_back(map(kPrefillMapV, p.v, p.num_heads_kv, p.total_k, p.v_row_stride, p.v_head_stride, key_rows));
+  } else {
+    maps.push_back(map(kPrefillMapK, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
+    maps.push_back(map(kPrefillMapV, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
+  }
+  return maps;
+}
 
 // Query heads per CTA of the packing kernel: the largest power of two up to `warps` dividing the
 // group, so a CTA's heads read one KV head and its warps split evenly between them.
@@ -76,12 +110,16 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.block[0] = static_cast<uint32_t>(2 * rows);
     // The Q rows plus the stages of K and V tiles, 16-bit elements.
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
+    if (k.tma) shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * k.stages);  // the stages' mbarriers
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
                                                        shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
     }
     return shape;
   };
+  if (k.tma) {
+    spec.tensor_maps = [k](const void* params, const Platform&) { return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), 16, k.key_rows); };
+  }
   return spec;
 }
 
@@ -125,10 +163,11 @@ KILN_REGISTER_KERNEL(attention_prefill_wgmma_window) {
                          .warps = 4,
                          .packs_heads = true,
                          .min_arch = 90,
-                         .features = {"mma:wgmma", "memory:cp_async"},
+                         .features = {"mma:wgmma", "memory:tma"},
                          .key_rows = 48,
                          .stages = 2,
-                         .alignment = 1024});
+                         .alignment = 1024,
+                         .tma = true});
 }
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) {

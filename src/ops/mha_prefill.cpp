@@ -148,6 +148,8 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   p.window_left = a.window_left;
   p.softmax_scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = a.softcap;
+  p.total_q = static_cast<int>(a.q.size(0));
+  p.total_k = static_cast<int>(a.k.size(0));
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); },
                             &a, a.q.device, &p, stream};
