@@ -289,6 +289,42 @@ TEST(Selector, MoeStreamUpTo256Experts) {
 // The grouped-GEMM phases read their operands through TMA tensor maps that kiln encodes at launch:
 // x_grouped (after bf16 y in y's region) and act in grouped order, the weights per expert. Weights
 // or x that a TMA copy or 16-byte load cannot take leave the call on the streaming phases.
+// The window prefill kernel's q, k and v maps: (head_dim, heads, rows) with the tensors' strides,
+// boxes of 16 query rows and of one 48-key block; with no keys at all, k and v map q's first row.
+TEST(Selector, PrefillWindowTensorMaps) {
+  const auto spec = Registry::global().find("attention.prefill.wgmma_window");
+  ASSERT_TRUE(spec && spec->tensor_maps);
+  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
+  KilnPrefillParams p{};
+  p.q = reinterpret_cast<const void*>(device);
+  p.k = reinterpret_cast<const void*>(device + 0x100000);
+  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.total_q = 700, p.total_k = 900;
+  p.q_row_stride = 64 * 64, p.q_head_stride = 64;
+  p.k_row_stride = 3 * 8 * 64, p.k_head_stride = 64;  // k and v as views of a packed kv tensor
+  p.v_row_stride = 3 * 8 * 64, p.v_head_stride = 64;
+  auto describe = [](const TensorMapRequest& m) {
+    return std::array<uint64_t, 9>{m.rank, m.dims[0], m.dims[1], m.dims[2], m.strides[0], m.strides[1], m.box[0], m.box[1], m.box[2]};
+  };
+  std::vector<TensorMapRequest> maps = spec->tensor_maps(&p, platform_for_target("sm_90a"));
+  ASSERT_EQ(maps.size(), size_t{kPrefillTensorMaps});
+  EXPECT_EQ(describe(maps[kPrefillMapQ]), (std::array<uint64_t, 9>{3, 64, 64, 700, 128, 64 * 64 * 2, 64, 1, 16}));
+  EXPECT_EQ(describe(maps[kPrefillMapK]), (std::array<uint64_t, 9>{3, 64, 8, 900, 128, 3 * 8 * 64 * 2, 64, 1, 48}));
+  EXPECT_EQ(describe(maps[kPrefillMapV]), (std::array<uint64_t, 9>{3, 64, 8, 900, 128, 3 * 8 * 64 * 2, 64, 1, 48}));
+  EXPECT_EQ(maps[kPrefillMapK].base, p.k);
+  EXPECT_EQ(maps[kPrefillMapV].base, p.v);
+  for (size_t i = 0; i < maps.size(); ++i) {
+    EXPECT_EQ(maps[i].params_offset, offsetof(KilnPrefillParams, tensor_maps) + i * sizeof(KilnTensorMap));
+    EXPECT_EQ(maps[i].params_offset % 64, 0u);
+  }
+  p.total_k = 0;
+  p.k = p.v = nullptr;
+  maps = spec->tensor_maps(&p, platform_for_target("sm_90a"));
+  ASSERT_EQ(maps.size(), size_t{kPrefillTensorMaps});
+  EXPECT_EQ(maps[kPrefillMapK].base, p.q);
+  EXPECT_EQ(describe(maps[kPrefillMapV]), (std::array<uint64_t, 9>{3, 64, 1, 1, 128, 64 * 64 * 2, 64, 1, 48}));
+}
+
 TEST(Selector, MoeGroupedGemmTensorMaps) {
   const auto spec = Registry::global().find("moe.apply.stream");
   ASSERT_TRUE(spec && spec->tensor_maps);
