@@ -26,16 +26,17 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// Prepares a tile of raw Q K^T scores for online_softmax_step in place: with a soft cap (a
+// Prepares a tile of raw Q K^T scores for online_softmax_step<true> in place: with a soft cap (a
 // template flag, since its tanhf inlined for every score would crowd the instruction cache) turns
 // them into log2-domain logits; without one leaves them raw, for the step scales them inside its
 // exp2 (one FFMA per score; the scale is positive, so the max commutes with it). Either way, only
-// where `edge` says the tile crosses a band edge or the end, -inf for keys a row does not see. Bounds are taken relative to the thread's first key, so each test is against a
-// constant. The two paths are separate loops so the common one carries no mask code at all.
+// where `edge` says the tile crosses a band edge or the end, -inf for keys a row does not see.
+// Bounds are taken relative to the thread's first key, so each test is against a constant. The
+// two paths are separate loops so the common one carries no mask code at all.
 // Prefill rows: row i sees keys [i + shift - window, i + shift] (bottom-right aligned) within
 // [0, len_k); the thread's rows are row_lo and row_lo + 8, its first key of the tile `first_key`.
 template <bool kSoftcap, int kKeyTiles>
-__device__ __forceinline__ void scale_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo,
+__device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo,
                                                       int shift, int len_k, int first_key) {
   const float log2e = 1.4426950408889634f;
   auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * log2e : x; };
@@ -66,20 +67,22 @@ __device__ __forceinline__ void scale_and_mask_scores(float (&s)[kKeyTiles][4], 
   }
 }
 
-// What scale_and_mask_scores left still to multiply by to reach log2-domain logits.
+// What cap_and_mask_scores left still to multiply by to reach log2-domain logits.
 template <bool kSoftcap>
 __device__ __forceinline__ float pending_logit_scale(const KilnPrefillParams& p) {
   return kSoftcap ? 1.0f : p.softmax_scale * 1.4426950408889634f;
 }
 
-// One step over a tile of scores `s` (masked to -inf) that are log2-domain logits once multiplied
-// by `scale` (> 0): updates the running max `m_row` and sum `l_row` of both rows (log2 domain),
-// turns the scores into probabilities in place, and rescales the O accumulators. Maxima and sums
-// run as two chains per row for shorter latency. `first`: the row's first tile, O still zero and
-// not rescaled (a short band has few tiles, and the rescale is 32 multiplies at head_dim 64).
-template <int kKeyTiles, int kDTiles>
+// One step over a tile of log2-domain logits `s` (masked to -inf), or with kScaled of scores that
+// are such logits once multiplied by `scale` (> 0): updates the running max `m_row` and sum
+// `l_row` of both rows (log2 domain), turns the scores into probabilities in place, and rescales
+// the O accumulators. Maxima and sums run as two chains per row for shorter latency. `first`: the
+// row's first tile, O still zero and not rescaled (a short band has few tiles, and the rescale is
+// 32 multiplies at head_dim 64).
+template <bool kScaled = false, int kKeyTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float (&o)[kDTiles][4],
                                                     float scale = 1.0f, bool first = false) {
+  auto probability = [&](float x, float m) { return exp2_ftz(kScaled ? fmaf(x, scale, -m) : x - m); };
   float factor[2], m_use[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -89,7 +92,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
       a = fmaxf(a, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
       b = fmaxf(b, fmaxf(s[n + 1][2 * half], s[n + 1][2 * half + 1]));
     }
-    const float new_m = fmaxf(m_row[half], quad_max(fmaxf(a, b)) * scale);
+    const float tile_m = quad_max(fmaxf(a, b)), new_m = fmaxf(m_row[half], kScaled ? tile_m * scale : tile_m);
     factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2_ftz(m_row[half] - new_m);
     m_row[half] = new_m;
     m_use[half] = new_m == neg_inf() ? 0.0f : new_m;  // a row masked so far: exp2(-inf - 0) = 0, not NaN
@@ -101,8 +104,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
     for (int n = 0; n < kKeyTiles; n += 2) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        s[n][2 * half + j] = exp2_ftz(fmaf(s[n][2 * half + j], scale, -m_use[half]));
-        s[n + 1][2 * half + j] = exp2_ftz(fmaf(s[n + 1][2 * half + j], scale, -m_use[half]));
+        s[n][2 * half + j] = probability(s[n][2 * half + j], m_use[half]);
+        s[n + 1][2 * half + j] = probability(s[n + 1][2 * half + j], m_use[half]);
         a += s[n][2 * half + j];
         b += s[n + 1][2 * half + j];
       }

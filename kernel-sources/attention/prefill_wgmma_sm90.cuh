@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_s
     const int key0 = block * kBlockK;
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_row0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + blk.shift - p.window_left);
-    scale_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    online_softmax_step(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p));
+    cap_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
+    online_softmax_step<true>(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p));
     // P's A fragments are S's accumulators.
     pack_p_fragments<T>(s, pa);
     if (!lagging) {
