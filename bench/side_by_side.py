@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,18 @@ class Kiln:
 
 # ---- timing ------------------------------------------------------------------------------------
 CUDA_GRAPHS = False  # --cuda-graphs
+
+# Idle seconds before each shape after the first. On an H200 a shape timed right after a heavy one
+# (prefill (b) at the 700 W cap) read up to 13% slow, and so did its peer when it came first: prefill
+# (c) at 4096 took 0.0532 ms right after (b), 0.0493 right after that, 0.0478 after 3 s idle and
+# 0.0475 before any (bench/RESULTS.md, twentieth session).
+SETTLE_S = 3.0
+
+
+def settle(rows):
+    if rows:
+        torch.cuda.synchronize()
+        time.sleep(SETTLE_S)
 
 
 def timed(fn, sets, budget_ms=400.0, min_runs=5, max_runs=500):
@@ -384,13 +397,16 @@ def main():
     for c in cases if args.only in (None, "prefill") else []:
         if args.prefill_cases and c[0][1] not in args.prefill_cases:
             continue
+        settle(rows)
         rows.append(prefill_case(kiln, *c, l2=l2, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)
     for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),
                                      ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)) if args.only in (None, "decode") else ():
         for page in (16, 64):
+            settle(rows)
             rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
             print(json.dumps(rows[-1]), flush=True)
+        settle(rows)
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
@@ -398,6 +414,7 @@ def main():
     for T, mxfp4 in moe_rows if args.only in (None, "moe") else ():
         if (moe_tokens and T not in moe_tokens) or (args.moe_weights and args.moe_weights != ("mxfp4" if mxfp4 else "bf16")):
             continue
+        settle(rows)
         rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=mxfp4))
         print(json.dumps(rows[-1]), flush=True)
     ceil = ceilings()
