@@ -2,11 +2,11 @@
 // one KV head over few positions, like the mma.sync window kernel (prefill_mma_sm80.cuh): warp w
 // owns 16 positions of head w % kHeadsPerCta. GPT-OSS (4 warps, 4 of the 8 heads of a KV head,
 // 16 positions) has a band of 144 keys: three 48-key blocks starting at the band's first key,
-// copied by TMA one block ahead (kStages = 2; one thread issues the copies, which took 19% of the
-// instructions as per-thread cp.async). Per block the warpgroup computes S = Q K^T as one m64n48
-// MMA chain (both operands in shared memory, 128-byte swizzle), one online-softmax step, and
-// O += P V with P from registers and V read N-major. Out goes through shared memory so that stores
-// write whole rows.
+// copied by TMA one block ahead (kStages = 2; one thread issues them: as cp.async every warp spent
+// about 88 instructions per block on copies, and the kernel is instruction-bound). Per block the
+// warpgroup computes S = Q K^T as one m64n48 MMA chain (both operands in shared memory, 128-byte
+// swizzle), one online-softmax step, and O += P V with P from registers and V read N-major. Out
+// goes through shared memory so that stores write whole rows.
 //
 // Measured on an H200 (GPT-OSS window 128 with sinks, S = 4096; bench/RESULTS.md): one 144-key
 // block took 133 registers (S alone is 72) and ran 1 CTA per SM, 40% slower than 48-key blocks;
