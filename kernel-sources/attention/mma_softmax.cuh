@@ -41,11 +41,12 @@ __device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], co
   const float log2e = 1.4426950408889634f;
   auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * log2e : x; };
   if (!edge) {
-    if (!kSoftcap) return;
+    if (kSoftcap) {
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
+      for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = logit(s[n][e]);
+        for (int e = 0; e < 4; ++e) s[n][e] = logit(s[n][e]);
+      }
     }
     return;
   }
