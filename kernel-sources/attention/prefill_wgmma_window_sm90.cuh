@@ -39,7 +39,7 @@ __device__ __forceinline__ void zero_rows_from(unsigned char* tile, int atom_byt
   }
 }
 
-// Registers for 5 CTAs of 4 warps per SM at head_dim 64 (90 used), 2 at head_dim 128; for 8-warp
+// Registers for 5 CTAs of 4 warps per SM at head_dim 64 (84 used), 2 at head_dim 128; for 8-warp
 // CTAs 2 and 1.
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window_sm90(const __grid_constant__ KilnPrefillParams p) {

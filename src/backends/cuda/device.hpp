@@ -51,12 +51,12 @@ LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::strin
 
 void unload(const LoadedFunction& f);
 
-// Launches `function` with `params` (one struct, passed by value) on `stream`; raises the
-// dynamic shared memory limit when the shape needs more than 48 KB.
 // Encodes `map` into the 64-byte-aligned 128 bytes at `slot` (cuTensorMapEncodeTiled). Throws
 // kiln::Error(kDriverError), naming the kernel, when the driver rejects it.
 void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::string& kernel_name);
 
+// Launches `function` with `params` (one struct, passed by value) on `stream`; raises the
+// dynamic shared memory limit when the shape needs more than 48 KB.
 void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name);
 
