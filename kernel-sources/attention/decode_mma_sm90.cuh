@@ -250,7 +250,7 @@ __global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
         const int r = g + 8 * (e >> 1);
         const int tok = base + 8 * n + 2 * c + (e & 1);
         const int rel = tok - (len - kQLen), j = r / kGroup;
-        float x = softcap_score(s[n][e] * score_scale, p.softcap) * kLog2e;
+        float x = softcap_score(s[n][e] * score_scale, p.softcap) * 1.4426950408889634f;
         if (r >= kRows || tok >= t1 || rel > j || rel < j - window) x = neg_inf();
         s[n][e] = x;
       }

@@ -9,8 +9,6 @@
 
 namespace kiln {
 
-constexpr float kLog2e = 1.4426950408889634f;  // logits in the log2 domain take exp2
-
 // Max and sum over the quad that shares a row.
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -40,7 +38,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 template <bool kSoftcap, int kKeyTiles>
 __device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo,
                                                       int shift, int len_k, int first_key) {
-  auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * kLog2e : x; };
+  const float log2e = 1.4426950408889634f;
+  auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * log2e : x; };
   if (!edge) {
     if (kSoftcap) {
 #pragma unroll
@@ -72,7 +71,7 @@ __device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], co
 // What cap_and_mask_scores left still to multiply by to reach log2-domain logits.
 template <bool kSoftcap>
 __device__ __forceinline__ float pending_logit_scale(const KilnPrefillParams& p) {
-  return kSoftcap ? 1.0f : p.softmax_scale * kLog2e;
+  return kSoftcap ? 1.0f : p.softmax_scale * 1.4426950408889634f;
 }
 
 // One step over a tile of log2-domain logits `s` (masked to -inf), or with kScaled of scores that
