@@ -33,7 +33,10 @@ enum {
   kMoeTileK = 64,   // one 128-byte swizzle atom of 16-bit values
   kMoeStages = 4,
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
+  kMoeMathThreads = 256,      // warpgroups 0 and 1: the MMAs and epilogues
+  kMoeProducerThread = 256,   // the first thread of warpgroup 2: every copy
 };
+static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
 
 // One tile: expert, first pair (index into the grouped pair list), pairs in it, first column.
@@ -99,8 +102,9 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
 // shared memory: both phases run on them, and a running count of slices gives every wait its phase.
 struct MoeGemmPipeline {
   unsigned full, empty;  // shared-window addresses of kMoeStages barriers each, 8 bytes apart
-  unsigned told;         // likewise: tile_of_stage written (thread 0 arrives after every slice's write)
+  unsigned told;         // likewise: tile_of_stage written (the producer arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
+  int* slice_after;      // the running slice count after a phase, for the threads that did not count
   unsigned stage_base;   // stage 0, 1024-byte aligned
   __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
   __device__ unsigned told_barrier(int slice) const { return told + 8 * (slice % kMoeStages); }
@@ -111,19 +115,27 @@ struct MoeGemmPipeline {
 };
 
 // Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
-// their bytes), empty once each of the CTA's threads has released it. `told` hands over the
-// tile index by a plain arrival: thread to thread, without the copies' completion in between.
+// their bytes), empty once each math thread has released it. `told` hands over the tile index by
+// a plain arrival: thread to thread, without the copies' completion in between.
 __device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe) {
   for (int s = 0; s < kMoeStages; ++s) {
     mbarrier_init(pipe.full + 8 * s, 1);
-    mbarrier_init(pipe.empty + 8 * s, 4 * 128);
+    mbarrier_init(pipe.empty + 8 * s, kMoeMathThreads);
     mbarrier_init(pipe.told + 8 * s, 1);
   }
   mbarrier_init_fence();
 }
 
-// Thread 0's copies of one projection: the CTA's tiles in claim order, one K slice per stage,
-// then an end marker. A slice's stage is reused once its slice kMoeStages earlier is released.
+// Columns each math warpgroup computes of tile t. A tile of more than 64 pairs gives each
+// warpgroup 64 of its rows and all 256 columns (m64n256k16), or only 128 where no more are live
+// (a projection's last column block); a tile of at most 64 pairs gives each the 64 rows and half
+// the columns (m64n128k16).
+__device__ __forceinline__ int moe_gemm_warpgroup_columns(const MoeGemmTile& t, int n_total) {
+  return t.count > 64 && n_total - t.n0 > 128 ? 256 : 128;
+}
+
+// The producer thread's copies of one projection: the CTA's tiles in claim order, one K slice per
+// stage, then an end marker. A slice's stage is reused once its slice kMoeStages earlier is released.
 template <bool kUp, int kLayout>
 struct MoeGemmProducer {
   MoeGemmTile t;  // of the tile being loaded
@@ -141,7 +153,6 @@ struct MoeGemmProducer {
   }
 
   __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice, int* counter) {
-    if (finished) return;
     if (slice >= kMoeStages) mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(slice - kMoeStages));
     const unsigned full = pipe.full_barrier(slice);
     if (tile >= s.total_tiles) {
@@ -167,7 +178,7 @@ struct MoeGemmProducer {
     // columns the epilogue drops.
     if (kUp && kLayout != kGateUpInterleaved) {
       // 8 boxes of 32 rows: each warpgroup's columns are the gate rows of its units, then their up rows.
-      const int group = two_a ? 128 : 64;  // a warpgroup's columns (moe_gemm_tile's kN)
+      const int group = moe_gemm_warpgroup_columns(t, s.n_total);
       const int boxes = group / 32, half_boxes = group / 64;
 #pragma unroll
       for (int box = 0; box < 8; ++box) {
@@ -188,37 +199,39 @@ struct MoeGemmProducer {
   }
 };
 
-// This thread is done with slice `slice`'s stage (its warpgroup's MMAs on it completed, its read
-// of tile_of_stage long done); thread 0 then refills the stage with the slice kMoeStages on, once
-// every thread has released it. Every thread arrives: an arrival orders only its own thread's
-// accesses before the refill (with one thread per warpgroup, compute-sanitizer's racecheck
-// reported the other threads' reads of tile_of_stage against its rewrite).
+// The producer thread's whole phase, from the CTA's running slice count; returns the count after it.
 template <bool kUp, int kLayout>
-__device__ __forceinline__ void moe_gemm_release(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
-                                                 MoeGemmProducer<kUp, kLayout>& producer, int slice, int* counter) {
-  mbarrier_arrive(pipe.empty_barrier(slice));
-  if (threadIdx.x == 0) producer.load(p, s, pipe, slice + kMoeStages, counter);
+__device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
+                                                int* counter) {
+  tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
+  tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2]);
+  MoeGemmProducer<kUp, kLayout> producer;
+  producer.start(p, s, counter);
+  while (!producer.finished) producer.load(p, s, pipe, slice++, counter);
+  return slice;
 }
 
-// The MMAs and epilogue of one tile, whose first slice's stage is full (`slice`: the CTA's running
-// slice count, advanced past the tile). kN: columns per warpgroup. 128: a 128 x 256 tile,
-// warpgroups 2 (rows) x 2 (columns). 64: a tile of at most 64 pairs (an expert's last), 64 x 256,
-// warpgroups 1 x 4, at half the MMA work.
-template <int kN, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
-                                              MoeGemmProducer<kUp, kLayout>& producer, const MoeGemmTile& t, int& slice, int warpgroup,
-                                              bf16* act, bf16* y, float (&acc128)[16][4], int* counter) {
+// The MMAs and epilogue of one tile by one math warpgroup, whose first slice's stage is full
+// (`slice`: the CTA's running slice count, advanced past the tile). kN: the warpgroup's columns
+// (moe_gemm_warpgroup_columns); kSplitRows: the warpgroups take 64 rows each, else 64 rows and
+// kN columns each. Each thread releases every stage once its warpgroup's MMAs on it are done: an
+// mbarrier arrival orders only the arriving thread's accesses (with one arrival per warpgroup,
+// compute-sanitizer's racecheck reported the other threads' reads of tile_of_stage against the
+// producer's rewrite).
+template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
+__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, const MoeGemmTile& t,
+                                              int& slice, int warpgroup, bf16* act, bf16* y, float (&acc256)[32][4]) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int m_off = kN == 128 ? (warpgroup & 1) * 64 : 0, n_off = kN == 128 ? (warpgroup >> 1) * 128 : warpgroup * 64;
+  const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
   // projection's columns skip their MMAs.
   const bool live = t.n0 + n_off < s.n_total;
-  // Both tile shapes accumulate in the same registers (separate arrays made ptxas spill). With
-  // concatenated weights the first half of a warpgroup's columns is gate, the second up.
-  float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc128[0][0]);
-  float(&gate_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc128[0][0]);
-  float(&up_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc128[kN / 16][0]);
+  // Every tile shape accumulates in the same registers. With concatenated weights the first half
+  // of a warpgroup's columns is gate, the second up.
+  float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc256[0][0]);
+  float(&gate_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[0][0]);
+  float(&up_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[kN / 16][0]);
   for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
     if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));  // the first: waited by the caller
     const unsigned stage = pipe.stage(slice);
@@ -233,10 +246,10 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
       wgmma_commit();
     }
     wgmma_wait<1>();
-    if (ks > 0) moe_gemm_release(p, s, pipe, producer, slice - 1, counter);
+    if (ks > 0) mbarrier_arrive(pipe.empty_barrier(slice - 1));
   }
   wgmma_wait<0>();
-  moe_gemm_release(p, s, pipe, producer, slice - 1, counter);
+  mbarrier_arrive(pipe.empty_barrier(slice - 1));
   if (!live) return;
   wgmma_fence_operands(acc);
 
@@ -287,25 +300,11 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   }
 }
 
-// One projection over all tiles. kUp: A = x_grouped rows (K = H), B = W13 rows, out act (bf16,
-// grouped order); else A = act rows (K = I), B = W2 rows, out y (bf16, by pair). `slice`: the
-// CTA's running slice count over both phases (the barriers' phases follow it). CTA c starts with
-// tile c; thread 0 claims each later one from `tile_counter` (zeroed) as it starts loading the one
-// before, so tiles go out in order as CTAs free up: the pair blocks that share a weight tile run at
-// the same time whatever each tile costs, and no CTA is left with a queue at the end.
+// A math warpgroup's whole phase, from the CTA's running slice count; returns the count after it.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start, const int* pair_start,
-                               const int* pairs, bf16* act, bf16* y, int* tile_counter) {
-  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
-  const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
-  MoeGemmProducer<kUp, kLayout> producer;
-  if (threadIdx.x == 0) {
-    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
-    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2]);
-    producer.start(p, s, tile_counter);
-    for (int j = 0; j < kMoeStages; ++j) producer.load(p, s, pipe, slice + j, tile_counter);
-  }
-  float acc[16][4];
+__device__ __forceinline__ int moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
+                                                int warpgroup, bf16* act, bf16* y) {
+  float acc[32][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
     // is refilled only after this slice is released.
@@ -313,18 +312,43 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pi
     mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));
     const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[slice % kMoeStages]);
     if (tile < 0) {  // the end marker
-      moe_gemm_release(p, s, pipe, producer, slice, tile_counter);
-      ++slice;
-      break;
+      mbarrier_arrive(pipe.empty_barrier(slice));
+      return slice + 1;
     }
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64) moe_gemm_tile<64, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, producer, t, slice, warpgroup, act, y, acc, tile_counter);
-    else moe_gemm_tile<128, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, producer, t, slice, warpgroup, act, y, acc, tile_counter);
+    if (t.count <= 64) moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128) moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+    else moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
   }
-  // act (up) is read by down's copies after the grid barrier that follows.
-  if (kUp) fence_async_global();
+}
+
+// One projection over all tiles. kUp: A = x_grouped rows (K = H), B = W13 rows, out act (bf16,
+// grouped order); else A = act rows (K = I), B = W2 rows, out y (bf16, by pair). `slice`: the
+// CTA's running slice count over both phases (the barriers' phases follow it). CTA c starts with
+// tile c; the producer claims each later one from `tile_counter` (zeroed) as it starts loading the
+// one before, so tiles go out in order as CTAs free up: the pair blocks that share a weight tile
+// run at the same time whatever each tile costs, and no CTA is left with a queue at the end.
+// Warpgroups 0 and 1 run the MMAs and epilogues; the first thread of warpgroup 2 issues every
+// copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
+// warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
+// the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
+template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
+__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start, const int* pair_start,
+                               const int* pairs, bf16* act, bf16* y, int* tile_counter) {
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+  const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
+  if (warpgroup < 2) {
+    moe_gemm_consume<kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y);
+    // act (up) is read by down's copies after the grid barrier that follows.
+    if (kUp) fence_async_global();
+  } else {
+    if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
+    __syncwarp();
+  }
+  __syncthreads();
+  slice = *pipe.slice_after;
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
 // MoE layer for decode-sized token counts, bound by reading the weights. One cooperative launch:
-// a CTA of 16 warps per SM, all resident. Five phases are split by grid-wide barriers, and what
+// a CTA of 16 warps (MXFP4 weights) or 12 (bf16) per SM, all resident. Five phases are split by grid-wide barriers, and what
 // passes between them lives in the workspace (moe/stream_workspace.h):
 //   route    a warp per token: top-k by warp arg-max (ties go to the lower expert, as in the
 //            reference), the weights, and a count per expert;
@@ -18,7 +18,7 @@
 // share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as
 // bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
-// Launch: grid (SMs), block 512, cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
+// Launch: grid (SMs), block 32 kiln_moe_stream_warps(mxfp4), cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases,
 // KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
 #pragma once
@@ -32,7 +32,7 @@
 
 namespace kiln {
 
-enum { kMoeStreamWarps = 16, kMoeStreamChunk = 8, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
+enum { kMoeStreamChunk = 8, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
 // Workspace values written by other CTAs before the last barrier, read from L2 (not L1, which may
 // hold an older copy of the line): weak loads, ordered by the barrier.
@@ -439,9 +439,9 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // (down), the phase takes the grid barrier once its first weight copies are issued. up's B is `x` (rows
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
-template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2>
+template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, int kWarps = kiln_moe_stream_warps(kFormat)>
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* chunk_expert, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
-                              long long x_row_stride, bf16* act, float* y, float (*partials)[kMoeStreamWarps][kWarp][4], unsigned ring,
+                              long long x_row_stride, bf16* act, float* y, float (*partials)[kWarps][kWarp][4], unsigned ring,
                               bool barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
   constexpr bool kRing = kFormat == kWeightsMxfp4;
@@ -459,7 +459,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const int cta_tiles = tiles > static_cast<int>(blockIdx.x) ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   auto global_tile = [&](int i) { return static_cast<int>(blockIdx.x + i * gridDim.x); };
   const long long cta_units = static_cast<long long>(cta_tiles) * steps;
-  auto unit_start = [&](int w) { return cta_units * w / kMoeStreamWarps; };
+  auto unit_start = [&](int w) { return cta_units * w / kWarps; };
   const long long unit_begin = unit_start(warp), unit_end = unit_start(warp + 1);
   const long long expert_stride = kUp ? p.w13_expert_stride : p.w2_expert_stride;
   const long long row_stride = kUp ? p.w13_row_stride : p.w2_row_stride;
@@ -635,7 +635,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = mine[i];
     const long long split_end = static_cast<long long>(split_index + 1) * steps;
-    for (int w = warp + 1; w < kMoeStreamWarps && unit_start(w) < split_end; ++w) {
+    for (int w = warp + 1; w < kWarps && unit_start(w) < split_end; ++w) {
       if (unit_start(w + 1) == unit_start(w)) continue;  // no units
       const float* other = partials[0][w][lane];
 #pragma unroll
@@ -646,7 +646,8 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
-__global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const __grid_constant__ KilnMoeParams p) {
+__global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe_stream(const __grid_constant__ KilnMoeParams p) {
+  constexpr int kWarps = kiln_moe_stream_warps(kFormat);
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
   __shared__ int chunk_expert[kMoeChunkTable];           // each chunk's expert, up to kMoeChunkTable chunks
@@ -664,7 +665,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
   float* y = reinterpret_cast<float*>(ws + layout.y);
 
   const int lane = threadIdx.x & (kWarp - 1);
-  const int warp = blockIdx.x * kMoeStreamWarps + (threadIdx.x >> 5), warps = gridDim.x * kMoeStreamWarps;
+  const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5), warps = gridDim.x * kWarps;
   const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
   const int k = p.top_k, experts = p.num_experts, num_pairs = p.num_tokens * p.top_k;
 
@@ -697,13 +698,13 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
     int* route_ids = local ? local_ids : ids;
     float* route_weights = local ? local_weights : weights;
     int* route_counts = local ? local_counts : counts;
-    for (int t = local ? static_cast<int>(threadIdx.x >> 5) : warp; t < p.num_tokens; t += local ? kMoeStreamWarps : warps) {
+    for (int t = local ? static_cast<int>(threadIdx.x >> 5) : warp; t < p.num_tokens; t += local ? kWarps : warps) {
       route_token_warp<kRouting, kLogitsBf16>(p, t, lane, route_ids, route_weights, route_counts, local);
     }
   }
   // Dynamic shared memory: the grouped GEMMs' stages, or the MXFP4 rings, then (local) x.
   extern __shared__ __align__(16) unsigned char moe_dynamic[];
-  bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kMoeStreamWarps * kMoeRingStages * kMoeRingStageBytes);
+  bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kWarps * kMoeRingStages * kMoeRingStageBytes);
   if (kFormat == kWeightsMxfp4) {  // this CTA's copy (local) or the workspace's, by the whole grid
     bf16* x_ordered = local ? x_local : x_reordered;
     const int per_row = p.hidden / 8;
@@ -799,11 +800,13 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
   if (tensor_cores) {
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
+    __shared__ int slice_after;
     MoeGemmPipeline pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
     pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
     pipe.told = shared_address(&gemm_barriers[2 * kMoeStages]);
     pipe.tile_of_stage = tile_of_stage;
+    pipe.slice_after = &slice_after;
     pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment
     if (threadIdx.x == 0) moe_gemm_init_barriers(pipe);
     bf16* act16 = reinterpret_cast<bf16*>(act);
@@ -816,7 +819,7 @@ __global__ void __launch_bounds__(kMoeStreamWarps * kWarp, 1) moe_stream(const _
   }
 #endif
   if (!tensor_cores) {
-    __shared__ float partials[2][kMoeStreamWarps][kWarp][4];
+    __shared__ float partials[2][kWarps][kWarp][4];
     bf16* act16 = reinterpret_cast<bf16*>(act);
     const bf16* x = kFormat == kWeightsMxfp4 ? (local ? x_local : x_reordered) : static_cast<const bf16*>(p.x);
     const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;

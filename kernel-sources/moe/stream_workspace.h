@@ -26,6 +26,10 @@
 // dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
 // bf16, plus 1 KB to align the swizzle atoms). They write act and y as bf16 into their regions.
 #define KILN_MOE_GEMM_ROWS 128
+// Warps per CTA: 16 with MXFP4 weights; 12 with bf16, whose grouped GEMMs run two warpgroups of
+// m64n256 MMAs (128 accumulators a thread, more than a 512-thread CTA's 128 registers allow) and
+// a third that issues the copies.
+KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return mxfp4 ? 16 : 12; }
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (moe_stream.cuh), and

@@ -18,7 +18,6 @@ namespace kiln {
 namespace {
 
 constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in moe_stream.cuh: routing keeps 8 logits per lane
-constexpr int kThreads = 512;     // kMoeStreamWarps x 32
 // Routed (token, slot) pairs from which the grouped-GEMM phases replace the weight-streaming ones
 // on sm_90a with bf16 weights. Chosen on an H200 (bench/RESULTS.md) against the streaming phases
 // of the time (a warp per weight row, before they moved to mma.sync), GPT-OSS-120B's layer: 4
@@ -109,17 +108,19 @@ KernelSpec moe_stream_spec() {
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
   };
-  // One CTA of 512 threads per SM (at most 128 registers each, about 27 KB of static shared
-  // memory), all resident: the cooperative launch fails rather than deadlock when they are not.
+  // One CTA per SM, all resident (the cooperative launch fails rather than deadlock when they are
+  // not): 512 threads with MXFP4 weights (at most 128 registers each, about 27 KB of static shared
+  // memory), 384 with bf16 (168 registers each, about 24 KB; stream_workspace.h says why).
   // The dynamic shared memory holds the grouped-GEMM stages where those phases run (its size
   // selects them) and the MXFP4 weight rings of the streaming phases (60 KB), then x for up to 16
   // tokens routed locally; none otherwise.
   spec.launch_shape = [](const void* params, const Platform& platform) {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(std::max(platform.multiprocessor_count, 1));
-    shape.block[0] = kThreads;
+    const auto& p = *static_cast<const KilnMoeParams*>(params);
+    shape.block[0] = static_cast<uint32_t>(32 * kiln_moe_stream_warps(p.w13_scale != nullptr));
     shape.cooperative = true;
-    shape.dynamic_shared_bytes = dynamic_shared_bytes(*static_cast<const KilnMoeParams*>(params), platform);
+    shape.dynamic_shared_bytes = dynamic_shared_bytes(p, platform);
     return shape;
   };
   spec.workspace_bytes = [](const void* params, const Platform&) {
