@@ -39,6 +39,18 @@ enum {
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
 
+// The gated activation (moe_common.cuh) with the fast exponential and division: the epilogue runs
+// while no MMA does. On an H200, GPT-OSS-120B bf16 at T = 8192: 3.98-3.99 ms against 4.05-4.11.
+template <int kActivation>
+__device__ __forceinline__ float glu_activation_fast(float gate, float up) {
+  if (kActivation == kSwigluClamped) {
+    gate = fminf(gate, 7.0f);
+    up = fminf(fmaxf(up, -7.0f), 7.0f);
+    return __fdividef(gate, 1.0f + __expf(-1.702f * gate)) * (up + 1.0f);
+  }
+  return __fdividef(gate, 1.0f + __expf(-gate)) * up;
+}
+
 // One tile: expert, first pair (index into the grouped pair list), pairs in it, first column.
 struct MoeGemmTile {
   int expert, first, count, n0;
@@ -271,7 +283,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const GateUpRows rows = gate_up_rows<kLayout>(u + i, inter);
-          v[i] = glu_activation<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+          v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
                                              up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
         }
         *reinterpret_cast<u32*>(act + slot * inter + u) = pack2<bf16>(v[0], v[1]);
@@ -288,7 +300,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
         const int u = n >> 1;
         const GateUpRows rows = gate_up_rows<kLayout>(u, inter);
         const long long bias = t.expert * p.w13_bias_expert_stride;
-        act[slot * inter + u] = from_float<bf16>(glu_activation<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+        act[slot * inter + u] = from_float<bf16>(glu_activation_fast<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
                                                                              v1 + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
       } else {
         const long long bias = t.expert * p.w2_bias_expert_stride + n;
