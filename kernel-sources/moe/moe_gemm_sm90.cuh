@@ -165,7 +165,15 @@ struct MoeGemmProducer {
   }
 
   __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice, int* counter) {
-    if (slice >= kMoeStages) mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(slice - kMoeStages));
+    if (slice >= kMoeStages) {
+      const int before = slice - kMoeStages;
+      mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+      // The phases this thread completed on the stage's full and told barriers for that slice
+      // ended before its release: these waits return at once, and match each of its arrivals
+      // with a wait of its own (compute-sanitizer's synccheck reports "missing wait" otherwise).
+      mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
+      mbarrier_wait(pipe.told_barrier(before), MoeGemmPipeline::parity(before));
+    }
     const unsigned full = pipe.full_barrier(slice);
     if (tile >= s.total_tiles) {
       pipe.tile_of_stage[slice % kMoeStages] = -1;
