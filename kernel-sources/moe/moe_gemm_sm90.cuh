@@ -6,12 +6,13 @@
 // at the same time. A tile's rows are consecutive rows of the grouped pair list: x_grouped (x rows
 // copied in grouped order by the group phase) for up, act (written in grouped order by up) for
 // down. Operands reach four shared-memory stages of 64-deep K slices by TMA (tensor maps in the
-// parameter block), in the 128-byte swizzle: thread 0 issues a stage's copies once every
-// thread has released it (its `empty` mbarrier) and they land on its `full` mbarrier, three
-// slices ahead across tile boundaries. There is no CTA-wide barrier per K step, and no other
-// thread copies. Four warpgroups each own 64 rows x 128 columns of the tile (m64n128k16), or, for
-// an expert's last tile when it holds at most 64 pairs, 64 x 64 of a 64 x 256 tile (m64n64k16,
-// half the MMA work).
+// parameter block), in the 128-byte swizzle: the first thread of warpgroup 2 issues a stage's
+// copies once every math thread has released it (its `empty` mbarrier) and they land on its
+// `full` mbarrier, up to four slices ahead across tile boundaries. There is no CTA-wide barrier
+// per K step, and no other thread copies. Warpgroups 0 and 1 each own 64 rows x 256 columns of
+// the tile (m64n256k16; 64 x 128 in a projection's last column block when no more are live), or,
+// for an expert's last tile when it holds at most 64 pairs, 64 x 128 of a 64 x 256 tile (half the
+// MMA work). The CTA has 12 warps (stream_workspace.h).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
 //         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
@@ -116,7 +117,7 @@ struct MoeGemmPipeline {
   unsigned full, empty;  // shared-window addresses of kMoeStages barriers each, 8 bytes apart
   unsigned told;         // likewise: tile_of_stage written (the producer arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
-  int* slice_after;      // the running slice count after a phase, for the threads that did not count
+  int* slice_after;      // the running slice count after a phase, from the producer thread
   unsigned stage_base;   // stage 0, 1024-byte aligned
   __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
   __device__ unsigned told_barrier(int slice) const { return told + 8 * (slice % kMoeStages); }
@@ -320,9 +321,9 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   }
 }
 
-// A math warpgroup's whole phase, from the CTA's running slice count; returns the count after it.
+// A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ int moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
+__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
                                                 int warpgroup, bf16* act, bf16* y) {
   float acc[32][4];
   for (;;) {
@@ -333,7 +334,7 @@ __device__ __forceinline__ int moe_gemm_consume(const KilnMoeParams& p, const Mo
     const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[slice % kMoeStages]);
     if (tile < 0) {  // the end marker
       mbarrier_arrive(pipe.empty_barrier(slice));
-      return slice + 1;
+      return;
     }
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
