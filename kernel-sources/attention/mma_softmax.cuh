@@ -19,13 +19,6 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// 2^x with subnormal results flushed to zero: one MUFU.EX2 (exp2f adds a range fix-up around it).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Prepares a tile of raw Q K^T scores for online_softmax_step<true> in place: with a soft cap (a
 // template flag, since its tanhf inlined for every score would crowd the instruction cache) turns
 // them into log2-domain logits; without one leaves them raw, for the step scales them inside its

@@ -1,5 +1,5 @@
 // Tensor-core and copy helpers for sm_80 and newer in inline PTX: mma.sync m16n8k16, ldmatrix,
-// cp.async, 16-byte global and shared loads. Shared by the decode and prefill kernels.
+// cp.async, 16-byte global and shared loads, MUFU approximations. Shared by the attention and MoE kernels.
 #pragma once
 
 #include "common/shared_address.cuh"
@@ -35,6 +35,19 @@ __device__ __forceinline__ Bf16x8 load16_l2_256(const void* p, bool valid, unsig
                : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
                : "l"(p), "r"(static_cast<int>(valid)), "l"(policy));
   return v;
+}
+
+// 2^x with subnormal results flushed to zero: one MUFU.EX2 (exp2f adds a range fix-up around it).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// 1 / x, subnormals flushed to zero: one MUFU.RCP (__fdividef adds a range test and two multiplies).
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 template <typename T>

@@ -40,16 +40,16 @@ enum {
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
 
-// The gated activation (moe_common.cuh) with the fast exponential and division: the epilogue runs
-// while no MMA does. On an H200, GPT-OSS-120B bf16 at T = 8192: 3.98-3.99 ms against 4.05-4.11.
+// The gated activation (moe_common.cuh) on MUFU approximations: the epilogue runs while no MMA
+// does. sigmoid(a x) = 1 / (1 + 2^(-a x log2 e)).
 template <int kActivation>
 __device__ __forceinline__ float glu_activation_fast(float gate, float up) {
   if (kActivation == kSwigluClamped) {
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-    return __fdividef(gate, 1.0f + __expf(-1.702f * gate)) * (up + 1.0f);
+    return gate * rcp_ftz(1.0f + exp2_ftz(gate * (-1.702f * 1.4426950408889634f))) * (up + 1.0f);
   }
-  return __fdividef(gate, 1.0f + __expf(-gate)) * up;
+  return gate * rcp_ftz(1.0f + exp2_ftz(gate * -1.4426950408889634f)) * up;
 }
 
 // One tile: expert, first pair (index into the grouped pair list), pairs in it, first column.
@@ -253,6 +253,15 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc256[0][0]);
   float(&gate_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[0][0]);
   float(&up_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[kN / 16][0]);
+  // Down writes y by pair: the two rows' pair ids are loaded before the MMAs, which hide their latency.
+  int pair_of_row[2] = {0, 0};
+  if (!kUp) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m_off + warp * 16 + g + 8 * half;
+      if (r < t.count) pair_of_row[half] = *reinterpret_cast<const volatile int*>(&s.pairs[t.first + r]);
+    }
+  }
   for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
     if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));  // the first: waited by the caller
     const unsigned stage = pipe.stage(slice);
@@ -275,47 +284,71 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   wgmma_fence_operands(acc);
 
   // Epilogue: this thread's rows m_off + 16 warp + g (+ 8), columns n_off + 8 j + 2 c (+ 1) of the
-  // MMA (of each half with concatenated weights).
+  // MMA (of each half with concatenated weights). Column blocks past the projection's end are
+  // skipped 64 columns at a time (H and 2 I are multiples of 64 and 128), so no branch sits between one
+  // column's math and the next's and ptxas can interleave them.
+  const int live_j = min(kN, s.n_total - t.n0 - n_off) / 8;  // live j of acc, a multiple of 8
   const int inter = p.intermediate, hidden = p.hidden;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m_off + warp * 16 + g + 8 * half;
-    if (r >= t.count) continue;
+    const bool row_live = r < t.count;  // the interleaved path's shuffles need every lane
+    if (!row_live && !(kUp && !kConcat)) continue;
     const long long slot = t.first + r;
-    if (kConcat) {
+    if (kConcat) {  // units u, u + 1 at j: gate_acc[j] and up_acc[j]
+      const int u0 = t.n0 / 2 + n_off / 2 + 2 * c;
+      const long long bias = t.expert * p.w13_bias_expert_stride;
+      u32* out = reinterpret_cast<u32*>(act + slot * inter + u0);
 #pragma unroll
-      for (int j = 0; j < kN / 16; ++j) {
-        const int u = t.n0 / 2 + n_off / 2 + 8 * j + 2 * c;  // units u and u + 1 (I is a multiple of 64)
-        if (u >= inter) continue;
-        const long long bias = t.expert * p.w13_bias_expert_stride;
-        float v[2];
+      for (int j0 = 0; j0 < kN / 16; j0 += 8) {
+        if (2 * j0 >= live_j) break;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const GateUpRows rows = gate_up_rows<kLayout>(u + i, inter);
-          v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
-                                             up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
+        for (int j = j0; j < j0 + 8; ++j) {
+          float v[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const GateUpRows rows = gate_up_rows<kLayout>(u0 + 8 * j + i, inter);
+            v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                                    up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
+          }
+          out[4 * j] = pack2<bf16>(v[0], v[1]);
         }
-        *reinterpret_cast<u32*>(act + slot * inter + u) = pack2<bf16>(v[0], v[1]);
       }
-      continue;
-    }
-    const int pair = kUp ? 0 : *reinterpret_cast<const volatile int*>(&s.pairs[slot]);
+    } else if (kUp) {
+      // Interleaved: acc[j] holds gate and up of unit u0 + 4 j, one unit per lane. Lanes c and
+      // c ^ 1 swap one result per two j, so each stores two adjacent units in one 4-byte write:
+      // even c units u0 + 4 j and + 1, odd c units u0 + 4 j + 3 and + 4 (that is, of j + 1).
+      const int u0 = t.n0 / 2 + n_off / 2 + c;
+      const long long bias = t.expert * p.w13_bias_expert_stride + 2 * u0;
+      bf16* out = act + slot * inter + u0 - (c & 1);
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const int n = t.n0 + n_off + 8 * j + 2 * c;
-      if (n >= s.n_total) continue;
-      const float v0 = acc[j][2 * half], v1 = acc[j][2 * half + 1];
-      if (kUp) {  // interleaved: v0 gate, v1 up of unit n / 2
-        const int u = n >> 1;
-        const GateUpRows rows = gate_up_rows<kLayout>(u, inter);
-        const long long bias = t.expert * p.w13_bias_expert_stride;
-        act[slot * inter + u] = from_float<bf16>(glu_activation_fast<kActivation>(v0 + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
-                                                                             v1 + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
-      } else {
-        const long long bias = t.expert * p.w2_bias_expert_stride + n;
-        // n is even and H a multiple of 64: one aligned bf16 pair.
-        *reinterpret_cast<u32*>(y + static_cast<long long>(pair) * hidden + n) =
-            pack2<bf16>(v0 + moe_bias<kBias2>(p.w2_bias, bias), v1 + moe_bias<kBias2>(p.w2_bias, bias + 1));
+      for (int j0 = 0; j0 < kN / 8; j0 += 8) {
+        if (j0 >= live_j) break;
+#pragma unroll
+        for (int j = j0; j < j0 + 8; j += 2) {
+          float v[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const long long b = bias + 8 * (j + i);
+            v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + moe_bias<kBias13>(p.w13_bias, b),
+                                                    acc[j + i][2 * half + 1] + moe_bias<kBias13>(p.w13_bias, b + 1));
+          }
+          const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
+          if (row_live) *reinterpret_cast<u32*>(out + 4 * (j + (c & 1))) = (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other);
+        }
+      }
+    } else {
+      const long long bias = t.expert * p.w2_bias_expert_stride + t.n0 + n_off + 2 * c;
+      // n is even and H a multiple of 64: one aligned bf16 pair.
+      u32* out = reinterpret_cast<u32*>(y + static_cast<long long>(pair_of_row[half]) * hidden + t.n0 + n_off + 2 * c);
+#pragma unroll
+      for (int j0 = 0; j0 < kN / 8; j0 += 8) {
+        if (j0 >= live_j) break;
+#pragma unroll
+        for (int j = j0; j < j0 + 8; ++j) {
+          out[4 * j] = pack2<bf16>(acc[j][2 * half] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j),
+                                   acc[j][2 * half + 1] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j + 1));
+        }
       }
     }
   }
