@@ -388,14 +388,14 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_EQ(spec->launch_shape(&p, platform_for_target("sm_100a")).dynamic_shared_bytes, bf16_rings);
   p.num_tokens = 3;  // 12 pairs
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
-  p.num_tokens = 64, p.intermediate = 96;
+  p.num_tokens = 64, p.intermediate = 96;  // not whole 64-deep K slices
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
-  p.intermediate = 128;  // two slices
-  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
-  p.intermediate = 192;
+  p.intermediate = 64;  // one slice
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
-  p.hidden = 128;
+  p.hidden = 2880 + 32;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, bf16_rings);
+  p.hidden = 128;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
   p.hidden = 2880, p.intermediate = 2880;
   const unsigned char scale = 127;
   p.w13_scale = &scale;  // MXFP4 weights

@@ -1,8 +1,10 @@
 // Kernels as data: KernelSpec, the registry that holds them and the selector that picks one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,6 +116,19 @@ struct TensorMapRequest {
   uint64_t dims[3] = {1, 1, 1};  // elements, innermost first
   uint64_t strides[2] = {0, 0};  // bytes from one index of dims 1 and 2 to the next (multiples of 16)
   uint32_t box[3] = {1, 1, 1};   // elements per copy, innermost first: box[0] = 64 (128 bytes)
+
+  // A map of dims.size() dimensions (2 or 3): dims and box innermost first, strides for dims 1 on.
+  static TensorMapRequest of(size_t params_offset, const void* base, std::initializer_list<uint64_t> dims, std::initializer_list<uint64_t> strides,
+                             std::initializer_list<uint32_t> box) {
+    TensorMapRequest m;
+    m.params_offset = params_offset;
+    m.base = base;
+    m.rank = static_cast<uint32_t>(std::min<size_t>(dims.size(), 3));
+    std::copy_n(dims.begin(), m.rank, m.dims);
+    std::copy_n(strides.begin(), std::min<size_t>(strides.size(), 2), m.strides);
+    std::copy_n(box.begin(), std::min<size_t>(box.size(), 3), m.box);
+    return m;
+  }
 };
 
 struct KernelSpec {

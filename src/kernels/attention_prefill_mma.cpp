@@ -39,19 +39,9 @@ struct PrefillKernel {
 // maps must still encode: k and v then map one row of q.
 std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows) {
   auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
-    TensorMapRequest m;
-    m.params_offset = offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap);
-    m.base = base;
-    m.rank = 3;
-    m.dims[0] = static_cast<uint64_t>(p.head_dim);
-    m.dims[1] = static_cast<uint64_t>(heads);
-    m.dims[2] = static_cast<uint64_t>(rows);
-    m.strides[0] = static_cast<uint64_t>(head_stride) * 2;
-    m.strides[1] = static_cast<uint64_t>(row_stride) * 2;
-    m.box[0] = 64;
-    m.box[1] = 1;
-    m.box[2] = static_cast<uint32_t>(box_rows);
-    return m;
+    return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
+                                {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)},
+                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2}, {64, 1, static_cast<uint32_t>(box_rows)});
   };
   std::vector<TensorMapRequest> maps;
   maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_rows));

@@ -27,14 +27,14 @@ constexpr long long kGemmMinPairs = 16;
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices, at
-// least 3 of them (moe_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads:
-// 16-byte aligned, with row and expert strides in whole 16 bytes.
+// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices
+// (moe_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads: 16-byte
+// aligned, with row and expert strides in whole 16 bytes.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % 8 == 0 &&
                        p.w13_expert_stride % 8 == 0 && p.w2_row_stride % 8 == 0 && p.w2_expert_stride % 8 == 0;
   return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
-         p.hidden >= 192 && p.intermediate >= 192 && static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+         static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
 }
 
 // The grouped GEMMs' operands as TMA tensor maps (moe_gemm_sm90.cuh): A boxes of 64 rows x 64 K
@@ -45,27 +45,14 @@ std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Pla
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   const auto* ws = static_cast<const unsigned char*>(p.workspace);
   const uint64_t pairs = static_cast<uint64_t>(p.num_tokens) * p.top_k, hidden = p.hidden, inter = p.intermediate;
-  auto rows = [](size_t slot, const void* base, uint64_t columns, uint64_t count) {
-    TensorMapRequest m;
-    m.params_offset = offsetof(KilnMoeParams, tensor_maps) + slot * sizeof(KilnTensorMap);
-    m.base = base;
-    m.rank = 2;
-    m.dims[0] = columns;
-    m.dims[1] = count;
-    m.strides[0] = columns * 2;
-    m.box[0] = 64;
-    m.box[1] = 64;
-    return m;
+  auto slot_offset = [](size_t slot) { return offsetof(KilnMoeParams, tensor_maps) + slot * sizeof(KilnTensorMap); };
+  auto rows = [&](size_t slot, const void* base, uint64_t columns, uint64_t count) {
+    return TensorMapRequest::of(slot_offset(slot), base, {columns, count}, {columns * 2}, {64, 64});
   };
   auto weights = [&](size_t slot, const void* base, uint64_t columns, uint64_t count, long long row_stride, long long expert_stride,
                      uint32_t box_rows) {
-    TensorMapRequest m = rows(slot, base, columns, count);
-    m.rank = 3;
-    m.dims[2] = static_cast<uint64_t>(p.num_experts);
-    m.strides[0] = static_cast<uint64_t>(row_stride) * 2;
-    m.strides[1] = static_cast<uint64_t>(expert_stride) * 2;
-    m.box[1] = box_rows;
-    return m;
+    return TensorMapRequest::of(slot_offset(slot), base, {columns, count, static_cast<uint64_t>(p.num_experts)},
+                                {static_cast<uint64_t>(row_stride) * 2, static_cast<uint64_t>(expert_stride) * 2}, {64, box_rows, 1});
   };
   return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs),
           weights(kMoeMapW13, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 256),

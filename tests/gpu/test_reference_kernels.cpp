@@ -438,10 +438,10 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
       // More chunks (at least 300) than the kernel's chunk-to-expert table holds: found by search.
       {true, 600, 64, 64, 8, 4, 0, true, 1, true, true, false},
-      // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I from 192): one
-      // expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles with
-      // biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them. H = 128
-      // keeps the streaming phases.
+      // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I multiples of 64):
+      // one expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles
+      // with biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them.
+      // H = 128 and I = 64 (the T = 300 case above) run one or two K slices a tile.
       {false, 400, 192, 256, 8, 2, 2, true, 0, false, false, true},
       {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
       {false, 4000, 256, 192, 8, 4, 0, true, 1, true, false, false},
