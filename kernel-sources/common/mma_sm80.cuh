@@ -1,5 +1,6 @@
 // Tensor-core and copy helpers for sm_80 and newer in inline PTX: mma.sync m16n8k16, ldmatrix,
-// cp.async, 16-byte global and shared loads, MUFU approximations. Shared by the attention and MoE kernels.
+// cp.async, 16-byte global and shared loads, MUFU approximations. Shared by the attention and
+// MoE kernels.
 #pragma once
 
 #include "common/shared_address.cuh"

@@ -284,9 +284,10 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   wgmma_fence_operands(acc);
 
   // Epilogue: this thread's rows m_off + 16 warp + g (+ 8), columns n_off + 8 j + 2 c (+ 1) of the
-  // MMA (of each half with concatenated weights). Column blocks past the projection's end are
-  // skipped 64 columns at a time (H and 2 I are multiples of 64 and 128), so no branch sits between one
-  // column's math and the next's and ptxas can interleave them.
+  // MMA (of each half with concatenated weights). Columns past the projection's end are skipped 64
+  // at a time (H and 2 I are multiples of 64 and 128; with concatenated weights a warpgroup's live
+  // units are then a multiple of 64), so no branch sits between one column's math and the next's
+  // and ptxas can interleave them.
   const int live_j = min(kN, s.n_total - t.n0 - n_off) / 8;  // live j of acc, a multiple of 8
   const int inter = p.intermediate, hidden = p.hidden;
 #pragma unroll
