@@ -18,6 +18,11 @@ __device__ __forceinline__ Bf16x8 load16(const void* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
 }
+// 16 bytes to global memory in one store (a Bf16x8 is 4-byte aligned, so assigning one through a
+// pointer is compiled as four 4-byte stores).
+__device__ __forceinline__ void store16(void* p, const Bf16x8& v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+}
 // An L2 cache policy under which the lines a load or copy brings in are evicted first: for data
 // read once per launch (the MoE weights), so that it does not push out what is read again (the
 // kernel's own code, its workspace).

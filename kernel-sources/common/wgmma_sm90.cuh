@@ -123,4 +123,11 @@ __device__ __forceinline__ void wgmma_ss_k_major(float (&d)[N / 8][4], unsigned 
   }
 }
 
+// Four 8 x 8 matrices of 16-bit values into shared memory from their fragments (register i of
+// lane l: row l / 4, columns 2 (l % 4) and + 1 of matrix i, as in an m16n8 accumulator packed to
+// pairs); lanes 8 i .. 8 i + 7 give the addresses of matrix i's rows. sm_90+.
+__device__ __forceinline__ void stmatrix_x4(unsigned smem, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 }  // namespace kiln

@@ -104,7 +104,7 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
       const int to = __shfl_sync(0xffffffffu, slot, j);
       if (i < rows * per_row && to >= 0) {
         const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + 8 * chunk;
-        *reinterpret_cast<Bf16x8*>(x_grouped + static_cast<long long>(to) * p.hidden + 8 * chunk) = load16(from);
+        store16(x_grouped + static_cast<long long>(to) * p.hidden + 8 * chunk, load16(from));
       }
     }
   }
@@ -241,7 +241,7 @@ __device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const Mo
 // producer's rewrite).
 template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, const MoeGemmTile& t,
-                                              int& slice, int warpgroup, bf16* act, bf16* y, float (&acc256)[32][4]) {
+                                              int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging, float (&acc256)[32][4]) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
@@ -290,65 +290,87 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   // and ptxas can interleave them.
   const int live_j = min(kN, s.n_total - t.n0 - n_off) / 8;  // live j of acc, a multiple of 8
   const int inter = p.intermediate, hidden = p.hidden;
+  if (!kUp) {
+    // Down writes y rows by pair. Each 16 x 32 block of the warp's accumulators goes through the
+    // warp's 1 KB of `staging` by stmatrix, and lane (g, c) then writes row g (and g + 8), columns
+    // 8 (j0 + c) .. + 7 in one 16-byte store: 64 contiguous bytes a row, where the accumulator
+    // layout's 4-byte stores filled half of each 32-byte sector. The 16-byte pieces of a 64-byte
+    // row are XOR-swizzled by row / 2, so neither the stmatrix nor the reads conflict.
+    const long long bias = t.expert * p.w2_bias_expert_stride + t.n0 + n_off + 2 * c;
+    const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
+    auto piece = [&](int row, int block) { return warp_staging + row * 64 + ((block ^ (row >> 1)) & 3) * 16; };
+    const int st_row = (lane & 7) + 8 * ((lane >> 3) & 1), st_block = lane >> 4;  // this lane's stmatrix row address
+    const int r0 = m_off + warp * 16 + g;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = m_off + warp * 16 + g + 8 * half;
-    const bool row_live = r < t.count;  // the interleaved path's shuffles need every lane
-    if (!row_live && !(kUp && !kConcat)) continue;
-    const long long slot = t.first + r;
-    if (kConcat) {  // units u, u + 1 at j: gate_acc[j] and up_acc[j]
-      const int u0 = t.n0 / 2 + n_off / 2 + 2 * c;
-      const long long bias = t.expert * p.w13_bias_expert_stride;
-      u32* out = reinterpret_cast<u32*>(act + slot * inter + u0);
+    for (int j0 = 0; j0 < kN / 8; j0 += 4) {
+      if (j0 >= live_j) break;
 #pragma unroll
-      for (int j0 = 0; j0 < kN / 16; j0 += 8) {
-        if (2 * j0 >= live_j) break;
+      for (int s2 = 0; s2 < 2; ++s2) {
+        unsigned regs[4];
 #pragma unroll
-        for (int j = j0; j < j0 + 8; ++j) {
-          float v[2];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const GateUpRows rows = gate_up_rows<kLayout>(u0 + 8 * j + i, inter);
-            v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
-                                                    up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
-          }
-          out[4 * j] = pack2<bf16>(v[0], v[1]);
+        for (int m = 0; m < 4; ++m) {
+          const int j = j0 + 2 * s2 + (m >> 1), half = m & 1;
+          regs[m] = pack2<bf16>(acc[j][2 * half] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j),
+                                acc[j][2 * half + 1] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j + 1));
         }
+        stmatrix_x4(piece(st_row, 2 * s2 + st_block), regs);
       }
-    } else if (kUp) {
-      // Interleaved: acc[j] holds gate and up of unit u0 + 4 j, one unit per lane. Lanes c and
-      // c ^ 1 swap one result per two j, so each stores two adjacent units in one 4-byte write:
-      // even c units u0 + 4 j and + 1, odd c units u0 + 4 j + 3 and + 4 (that is, of j + 1).
-      const int u0 = t.n0 / 2 + n_off / 2 + c;
-      const long long bias = t.expert * p.w13_bias_expert_stride + 2 * u0;
-      bf16* out = act + slot * inter + u0 - (c & 1);
+      __syncwarp();
 #pragma unroll
-      for (int j0 = 0; j0 < kN / 8; j0 += 8) {
-        if (j0 >= live_j) break;
+      for (int half = 0; half < 2; ++half) {
+        const Bf16x8 v = load16_shared(piece(g + 8 * half, c));
+        if (r0 + 8 * half < t.count) store16(y + static_cast<long long>(pair_of_row[half]) * hidden + t.n0 + n_off + 8 * (j0 + c), v);
+      }
+      __syncwarp();  // the reads are done before the next block's stmatrix
+    }
+  } else {
 #pragma unroll
-        for (int j = j0; j < j0 + 8; j += 2) {
-          float v[2];
+    for (int half = 0; half < 2; ++half) {
+      const int r = m_off + warp * 16 + g + 8 * half;
+      const bool row_live = r < t.count;  // the interleaved path's shuffles need every lane
+      if (!row_live && kConcat) continue;
+      const long long slot = t.first + r;
+      if (kConcat) {  // units u, u + 1 at j: gate_acc[j] and up_acc[j]
+        const int u0 = t.n0 / 2 + n_off / 2 + 2 * c;
+        const long long bias = t.expert * p.w13_bias_expert_stride;
+        u32* out = reinterpret_cast<u32*>(act + slot * inter + u0);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const long long b = bias + 8 * (j + i);
-            v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + moe_bias<kBias13>(p.w13_bias, b),
-                                                    acc[j + i][2 * half + 1] + moe_bias<kBias13>(p.w13_bias, b + 1));
+        for (int j0 = 0; j0 < kN / 16; j0 += 8) {
+          if (2 * j0 >= live_j) break;
+#pragma unroll
+          for (int j = j0; j < j0 + 8; ++j) {
+            float v[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const GateUpRows rows = gate_up_rows<kLayout>(u0 + 8 * j + i, inter);
+              v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                                      up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
+            }
+            out[4 * j] = pack2<bf16>(v[0], v[1]);
           }
-          const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
-          if (row_live) *reinterpret_cast<u32*>(out + 4 * (j + (c & 1))) = (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other);
         }
-      }
-    } else {
-      const long long bias = t.expert * p.w2_bias_expert_stride + t.n0 + n_off + 2 * c;
-      // n is even and H a multiple of 64: one aligned bf16 pair.
-      u32* out = reinterpret_cast<u32*>(y + static_cast<long long>(pair_of_row[half]) * hidden + t.n0 + n_off + 2 * c);
+      } else {
+        // Interleaved: acc[j] holds gate and up of unit u0 + 4 j, one unit per lane. Lanes c and
+        // c ^ 1 swap one result per two j, so each stores two adjacent units in one 4-byte write:
+        // even c units u0 + 4 j and + 1, odd c units u0 + 4 j + 3 and + 4 (that is, of j + 1).
+        const int u0 = t.n0 / 2 + n_off / 2 + c;
+        const long long bias = t.expert * p.w13_bias_expert_stride + 2 * u0;
+        bf16* out = act + slot * inter + u0 - (c & 1);
 #pragma unroll
-      for (int j0 = 0; j0 < kN / 8; j0 += 8) {
-        if (j0 >= live_j) break;
+        for (int j0 = 0; j0 < kN / 8; j0 += 8) {
+          if (j0 >= live_j) break;
 #pragma unroll
-        for (int j = j0; j < j0 + 8; ++j) {
-          out[4 * j] = pack2<bf16>(acc[j][2 * half] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j),
-                                   acc[j][2 * half + 1] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j + 1));
+          for (int j = j0; j < j0 + 8; j += 2) {
+            float v[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const long long b = bias + 8 * (j + i);
+              v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + moe_bias<kBias13>(p.w13_bias, b),
+                                                      acc[j + i][2 * half + 1] + moe_bias<kBias13>(p.w13_bias, b + 1));
+            }
+            const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
+            if (row_live) *reinterpret_cast<u32*>(out + 4 * (j + (c & 1))) = (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other);
+          }
         }
       }
     }
@@ -358,7 +380,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 // A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
-                                                int warpgroup, bf16* act, bf16* y) {
+                                                int warpgroup, bf16* act, bf16* y, unsigned staging) {
   float acc[32][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
@@ -373,9 +395,9 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64) moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
-    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128) moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
-    else moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+    if (t.count <= 64) moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128) moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    else moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
   }
 }
 
@@ -391,11 +413,11 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start, const int* pair_start,
-                               const int* pairs, bf16* act, bf16* y, int* tile_counter) {
+                               const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
   if (warpgroup < 2) {
-    moe_gemm_consume<kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y);
+    moe_gemm_consume<kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
     // act (up) is read by down's copies after the grid barrier that follows.
     if (kUp) fence_async_global();
   } else {

@@ -796,8 +796,12 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     }
   }
 
+  // The streaming phases' split-tile sums; the grouped GEMMs' down epilogue stages its output here
+  // (1 KB per math warp).
+  __shared__ __align__(128) float partials[2][kWarps][kWarp][4];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
+    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * 1024, "down's staging fits in partials");
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
@@ -813,13 +817,12 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     bf16* y16 = reinterpret_cast<bf16*>(y);
     int slice = 0;
     grid_barrier();
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[0]);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, shared_address(partials), &gemm_counters[0]);
     grid_barrier();
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, &gemm_counters[1]);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, shared_address(partials), &gemm_counters[1]);
   }
 #endif
   if (!tensor_cores) {
-    __shared__ float partials[2][kWarps][kWarp][4];
     bf16* act16 = reinterpret_cast<bf16*>(act);
     const bf16* x = kFormat == kWeightsMxfp4 ? (local ? x_local : x_reordered) : static_cast<const bf16*>(p.x);
     const long long x_row_stride = kFormat == kWeightsMxfp4 ? p.hidden : p.x_row_stride;
