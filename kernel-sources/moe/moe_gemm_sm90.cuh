@@ -290,17 +290,29 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   // and ptxas can interleave them.
   const int live_j = min(kN, s.n_total - t.n0 - n_off) / 8;  // live j of acc, a multiple of 8
   const int inter = p.intermediate, hidden = p.hidden;
+  // Down's y and interleaved up's act leave through the warp's 1 KB of `staging`, 16 rows x 64
+  // bytes at a time: lane (g, c) then writes row g (and g + 8), bytes 16 c .. 16 c + 15 of the
+  // block, in one 16-byte store, so each row gets 64 contiguous bytes (the accumulator layout's
+  // 4-byte stores filled half of each 32-byte sector). The 16-byte pieces of a row are
+  // XOR-swizzled by row / 2, so neither the writes into staging nor the reads conflict.
+  const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
+  auto piece = [&](int row, int block) { return warp_staging + row * 64 + (((block ^ (row >> 1)) & 3) << 4); };
+  const int r0 = m_off + warp * 16 + g;  // this lane's rows r0 and r0 + 8
+  // Rows r0 and r0 + 8 of the staged block into global memory at `row_lo` and `row_hi`.
+  auto write_staged = [&](bf16* row_lo, bf16* row_hi) {
+    __syncwarp();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const Bf16x8 v = load16_shared(piece(g + 8 * half, c));
+      if (r0 + 8 * half < t.count) store16((half ? row_hi : row_lo) + 8 * c, v);
+    }
+    __syncwarp();  // the reads are done before the next block is staged
+  };
   if (!kUp) {
-    // Down writes y rows by pair. Each 16 x 32 block of the warp's accumulators goes through the
-    // warp's 1 KB of `staging` by stmatrix, and lane (g, c) then writes row g (and g + 8), columns
-    // 8 (j0 + c) .. + 7 in one 16-byte store: 64 contiguous bytes a row, where the accumulator
-    // layout's 4-byte stores filled half of each 32-byte sector. The 16-byte pieces of a 64-byte
-    // row are XOR-swizzled by row / 2, so neither the stmatrix nor the reads conflict.
+    // y rows by pair, 32 columns a block: stmatrix stages 16 x 16 of them at a time.
     const long long bias = t.expert * p.w2_bias_expert_stride + t.n0 + n_off + 2 * c;
-    const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
-    auto piece = [&](int row, int block) { return warp_staging + row * 64 + ((block ^ (row >> 1)) & 3) * 16; };
     const int st_row = (lane & 7) + 8 * ((lane >> 3) & 1), st_block = lane >> 4;  // this lane's stmatrix row address
-    const int r0 = m_off + warp * 16 + g;
+    bf16* const y_rows[2] = {y + static_cast<long long>(pair_of_row[0]) * hidden + t.n0 + n_off, y + static_cast<long long>(pair_of_row[1]) * hidden + t.n0 + n_off};
 #pragma unroll
     for (int j0 = 0; j0 < kN / 8; j0 += 4) {
       if (j0 >= live_j) break;
@@ -315,62 +327,59 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
         }
         stmatrix_x4(piece(st_row, 2 * s2 + st_block), regs);
       }
-      __syncwarp();
+      write_staged(y_rows[0] + 8 * j0, y_rows[1] + 8 * j0);
+    }
+  } else if (!kConcat) {
+    // Interleaved: acc[j] holds gate and up of unit u0 + 4 j, one unit per lane, 32 units a block.
+    // Lanes c and c ^ 1 swap one result per two j, so each holds two adjacent units: of the 8
+    // units of j and j + 1, c = 0 holds units 0-1, c = 2 units 2-3, c = 1 units 4-5, c = 3 units 6-7.
+    const int unit_base = t.n0 / 2 + n_off / 2;
+    const long long bias = t.expert * p.w13_bias_expert_stride + 2 * (unit_base + c);
+    const int word = (c >> 1) | ((c & 1) << 1);
+    bf16* const act_rows[2] = {act + (t.first + r0) * static_cast<long long>(inter) + unit_base, act + (t.first + r0 + 8) * static_cast<long long>(inter) + unit_base};
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const Bf16x8 v = load16_shared(piece(g + 8 * half, c));
-        if (r0 + 8 * half < t.count) store16(y + static_cast<long long>(pair_of_row[half]) * hidden + t.n0 + n_off + 8 * (j0 + c), v);
+    for (int j0 = 0; j0 < kN / 8; j0 += 8) {
+      if (j0 >= live_j) break;
+#pragma unroll
+      for (int j = j0; j < j0 + 8; j += 2) {
+        float gate_bias[2], up_bias[2];  // of units u0 + 4 j and u0 + 4 (j + 1), both rows
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          gate_bias[i] = moe_bias<kBias13>(p.w13_bias, bias + 8 * (j + i));
+          up_bias[i] = moe_bias<kBias13>(p.w13_bias, bias + 8 * (j + i) + 1);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float v[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + gate_bias[i], acc[j + i][2 * half + 1] + up_bias[i]);
+          const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
+          store4_shared(piece(g + 8 * half, (j - j0) / 2) + 4 * word, (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other));
+        }
       }
-      __syncwarp();  // the reads are done before the next block's stmatrix
+      write_staged(act_rows[0] + 4 * j0, act_rows[1] + 4 * j0);
     }
   } else {
+    // Concatenated: units u, u + 1 at j: gate_acc[j] and up_acc[j].
+    const int u0 = t.n0 / 2 + n_off / 2 + 2 * c;
+    const long long bias = t.expert * p.w13_bias_expert_stride;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = m_off + warp * 16 + g + 8 * half;
-      const bool row_live = r < t.count;  // the interleaved path's shuffles need every lane
-      if (!row_live && kConcat) continue;
-      const long long slot = t.first + r;
-      if (kConcat) {  // units u, u + 1 at j: gate_acc[j] and up_acc[j]
-        const int u0 = t.n0 / 2 + n_off / 2 + 2 * c;
-        const long long bias = t.expert * p.w13_bias_expert_stride;
-        u32* out = reinterpret_cast<u32*>(act + slot * inter + u0);
+      if (r0 + 8 * half >= t.count) continue;
+      u32* out = reinterpret_cast<u32*>(act + (t.first + r0 + 8 * half) * static_cast<long long>(inter) + u0);
 #pragma unroll
-        for (int j0 = 0; j0 < kN / 16; j0 += 8) {
-          if (2 * j0 >= live_j) break;
+      for (int j0 = 0; j0 < kN / 16; j0 += 8) {
+        if (2 * j0 >= live_j) break;
 #pragma unroll
-          for (int j = j0; j < j0 + 8; ++j) {
-            float v[2];
+        for (int j = j0; j < j0 + 8; ++j) {
+          float v[2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const GateUpRows rows = gate_up_rows<kLayout>(u0 + 8 * j + i, inter);
-              v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
-                                                      up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
-            }
-            out[4 * j] = pack2<bf16>(v[0], v[1]);
+          for (int i = 0; i < 2; ++i) {
+            const GateUpRows rows = gate_up_rows<kLayout>(u0 + 8 * j + i, inter);
+            v[i] = glu_activation_fast<kActivation>(gate_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                                    up_acc[j][2 * half + i] + moe_bias<kBias13>(p.w13_bias, bias + rows.up));
           }
-        }
-      } else {
-        // Interleaved: acc[j] holds gate and up of unit u0 + 4 j, one unit per lane. Lanes c and
-        // c ^ 1 swap one result per two j, so each stores two adjacent units in one 4-byte write:
-        // even c units u0 + 4 j and + 1, odd c units u0 + 4 j + 3 and + 4 (that is, of j + 1).
-        const int u0 = t.n0 / 2 + n_off / 2 + c;
-        const long long bias = t.expert * p.w13_bias_expert_stride + 2 * u0;
-        bf16* out = act + slot * inter + u0 - (c & 1);
-#pragma unroll
-        for (int j0 = 0; j0 < kN / 8; j0 += 8) {
-          if (j0 >= live_j) break;
-#pragma unroll
-          for (int j = j0; j < j0 + 8; j += 2) {
-            float v[2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const long long b = bias + 8 * (j + i);
-              v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + moe_bias<kBias13>(p.w13_bias, b),
-                                                      acc[j + i][2 * half + 1] + moe_bias<kBias13>(p.w13_bias, b + 1));
-            }
-            const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
-            if (row_live) *reinterpret_cast<u32*>(out + 4 * (j + (c & 1))) = (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other);
-          }
+          out[4 * j] = pack2<bf16>(v[0], v[1]);
         }
       }
     }
