@@ -284,10 +284,10 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   wgmma_fence_operands(acc);
 
   // Epilogue: this thread's rows m_off + 16 warp + g (+ 8), columns n_off + 8 j + 2 c (+ 1) of the
-  // MMA (of each half with concatenated weights). Columns past the projection's end are skipped 64
-  // at a time (H and 2 I are multiples of 64 and 128; with concatenated weights a warpgroup's live
-  // units are then a multiple of 64), so no branch sits between one column's math and the next's
-  // and ptxas can interleave them.
+  // MMA (of each half with concatenated weights). Columns past the projection's end are skipped a
+  // block at a time (32 columns for down, 64 otherwise; H and 2 I are multiples of 64 and 128, and
+  // with concatenated weights a warpgroup's live units are then a multiple of 64), so no branch
+  // sits between one column's math and the next's and ptxas can interleave them.
   const int live_j = min(kN, s.n_total - t.n0 - n_off) / 8;  // live j of acc, a multiple of 8
   const int inter = p.intermediate, hidden = p.hidden;
   // Down's y and interleaved up's act leave through the warp's 1 KB of `staging`, 16 rows x 64
@@ -317,15 +317,15 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
     for (int j0 = 0; j0 < kN / 8; j0 += 4) {
       if (j0 >= live_j) break;
 #pragma unroll
-      for (int s2 = 0; s2 < 2; ++s2) {
+      for (int sub = 0; sub < 2; ++sub) {  // 16 columns each
         unsigned regs[4];
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
-          const int j = j0 + 2 * s2 + (m >> 1), half = m & 1;
+          const int j = j0 + 2 * sub + (m >> 1), half = m & 1;
           regs[m] = pack2<bf16>(acc[j][2 * half] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j),
                                 acc[j][2 * half + 1] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j + 1));
         }
-        stmatrix_x4(piece(st_row, 2 * s2 + st_block), regs);
+        stmatrix_x4(piece(st_row, 2 * sub + st_block), regs);
       }
       write_staged(y_rows[0] + 8 * j0, y_rows[1] + 8 * j0);
     }
