@@ -255,7 +255,9 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
 
 
 # ---- MoE ---------------------------------------------------------------------------------------
-def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=False):
+def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=False, bias=False):
+    """bias: bf16 biases on both projections, as GPT-OSS ships them (the grouped_mm peer stays
+    the two GEMMs alone)."""
     g = torch.Generator(device="cuda").manual_seed(13)
     w13 = (torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(H))
     w2 = (torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(I))
@@ -269,6 +271,12 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=Fals
     else:
         weights = [kt(w13), kt(w2)]
         kiln.keep.append(weights)
+    biases = [None, None]
+    if bias:
+        b13 = torch.randn(E, 2 * I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
+        b2 = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
+        kiln.keep.append((b13, b2, kt(b13), kt(b2)))
+        biases = [ref(kiln.keep[-1][2]), ref(kiln.keep[-1][3])]
     # Input sets share the weights and differ in tokens and router logits, so each call routes to
     # other experts: enough sets that the experts they read together exceed L2 twice over (at
     # T = 1 the 4 experts of one set are about an H100's L2 in MXFP4).
@@ -282,18 +290,18 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=Fals
         ts = [kt(x), kt(out), kt(logits)]
         kiln.keep.append(ts)
         if mxfp4:
-            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), ref(weights[2]), None,
-                        ref(weights[1]), ref(weights[3]), None, 1, 1)
+            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), ref(weights[2]), biases[0],
+                        ref(weights[1]), ref(weights[3]), biases[1], 1, 1)
         else:
-            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), None, None, ref(weights[1]),
-                        None, None, 1, 1)
+            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), None, biases[0], ref(weights[1]),
+                        None, biases[1], 1, 1)
         sets.append(a)
         # The peer: the same routed tokens through two torch._grouped_mm calls (weights K-major).
         ids = torch.topk(logits, topk, dim=1).indices.flatten()
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids, minlength=E)
         routed.append((x.repeat_interleave(topk, 0)[order], torch.cumsum(counts, 0).to(torch.int32), counts.gt(0).sum().item()))
-    row = {"op": "moe_apply", "shape": f"gpt-oss-120b {'mxfp4' if mxfp4 else 'bf16'} T={T}"}
+    row = {"op": "moe_apply", "shape": f"gpt-oss-120b {'mxfp4' if mxfp4 else 'bf16'}{' bias' if bias else ''} T={T}"}
     row["kiln"] = timed(lambda i: kiln.call("kiln_moe_apply", sets[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
     w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
     try:
@@ -376,6 +384,7 @@ def main():
     ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
     ap.add_argument("--moe-weights", choices=["bf16", "mxfp4"], help="only the MoE rows of this weight format")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
+    ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
     args = ap.parse_args()
     global CUDA_GRAPHS
@@ -415,7 +424,7 @@ def main():
         if (moe_tokens and T not in moe_tokens) or (args.moe_weights and args.moe_weights != ("mxfp4" if mxfp4 else "bf16")):
             continue
         settle(rows)
-        rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=mxfp4))
+        rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=mxfp4, bias=args.moe_bias))
         print(json.dumps(rows[-1]), flush=True)
     ceil = ceilings()
     os.makedirs(args.out, exist_ok=True)

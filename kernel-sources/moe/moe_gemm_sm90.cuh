@@ -253,6 +253,23 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc256[0][0]);
   float(&gate_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[0][0]);
   float(&up_acc)[kN / 16][4] = *reinterpret_cast<float(*)[kN / 16][4]>(&acc256[kN / 16][0]);
+  // bf16 biases of the warpgroup's columns (down, interleaved up) go into the warp's 512 bytes
+  // after its staging by cp.async as the tile starts, so their latency hides behind the MMAs
+  // without holding registers; the epilogue reads them there. (Loaded in the epilogue, GPT-OSS's
+  // biases cost the layer 3-4% at T = 8192 on an H200, bench/RESULTS.md.) f32 biases, twice the
+  // bytes, are loaded in the epilogue.
+  constexpr bool kBiasStaged = (kUp ? kBias13 : kBias2) == kBiasBf16 && !kConcat;
+  const unsigned warp_bias = staging + kMoeMathThreads / 32 * 1024 + ((threadIdx.x >> 5) & 7) * 512;
+  if (kBiasStaged && live) {
+    const int first = t.n0 + n_off;  // the bias column of acc[0]'s column 0
+    const bf16* from = static_cast<const bf16*>(kUp ? p.w13_bias : p.w2_bias) + t.expert * (kUp ? p.w13_bias_expert_stride : p.w2_bias_expert_stride) + first;
+#pragma unroll
+    for (int i = 0; i < kN / 64; ++i) {  // 2 columns a copy
+      const int col = 2 * (32 * i + lane);
+      copy4_async_or_zero(warp_bias + 2 * col, from + col, first + col < s.n_total);
+    }
+    commit_copies();
+  }
   // Down writes y by pair: the two rows' pair ids are loaded before the MMAs, which hide their latency.
   int pair_of_row[2] = {0, 0};
   if (!kUp) {
@@ -298,6 +315,19 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
   auto piece = [&](int row, int block) { return warp_staging + row * 64 + (((block ^ (row >> 1)) & 3) << 4); };
   const int r0 = m_off + warp * 16 + g;  // this lane's rows r0 and r0 + 8
+  // The biases of columns 8 j + 2 c and + 1 of acc, as floats.
+  if (kBiasStaged) {
+    wait_copies<0>();
+    __syncwarp();
+  }
+  auto bias_pair = [&](int bias_kind, const void* bias, long long offset, int j) {
+    if (kBiasStaged) {
+      unsigned w;
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(warp_bias + 4 * (4 * j + c)));
+      return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    }
+    return bias_kind == kBiasF32 ? make_float2(moe_bias<kBiasF32>(bias, offset), moe_bias<kBiasF32>(bias, offset + 1)) : make_float2(0.0f, 0.0f);
+  };
   // Rows r0 and r0 + 8 of the staged block into global memory at `row_lo` and `row_hi`.
   auto write_staged = [&](bf16* row_lo, bf16* row_hi) {
     __syncwarp();
@@ -322,8 +352,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const int j = j0 + 2 * sub + (m >> 1), half = m & 1;
-          regs[m] = pack2<bf16>(acc[j][2 * half] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j),
-                                acc[j][2 * half + 1] + moe_bias<kBias2>(p.w2_bias, bias + 8 * j + 1));
+          const float2 b = bias_pair(kBias2, p.w2_bias, bias + 8 * j, j);
+          regs[m] = pack2<bf16>(acc[j][2 * half] + b.x, acc[j][2 * half + 1] + b.y);
         }
         stmatrix_x4(piece(st_row, 2 * sub + st_block), regs);
       }
@@ -342,17 +372,15 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
       if (j0 >= live_j) break;
 #pragma unroll
       for (int j = j0; j < j0 + 8; j += 2) {
-        float gate_bias[2], up_bias[2];  // of units u0 + 4 j and u0 + 4 (j + 1), both rows
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          gate_bias[i] = moe_bias<kBias13>(p.w13_bias, bias + 8 * (j + i));
-          up_bias[i] = moe_bias<kBias13>(p.w13_bias, bias + 8 * (j + i) + 1);
-        }
+        // Gate and up biases (.x, .y) of units u0 + 4 j and u0 + 4 (j + 1), for both rows.
+        const float2 gate_up_bias[2] = {bias_pair(kBias13, p.w13_bias, bias + 8 * j, j), bias_pair(kBias13, p.w13_bias, bias + 8 * (j + 1), j + 1)};
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float v[2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + gate_bias[i], acc[j + i][2 * half + 1] + up_bias[i]);
+          for (int i = 0; i < 2; ++i) {
+            v[i] = glu_activation_fast<kActivation>(acc[j + i][2 * half] + gate_up_bias[i].x, acc[j + i][2 * half + 1] + gate_up_bias[i].y);
+          }
           const float other = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[0] : v[1], 1);
           store4_shared(piece(g + 8 * half, (j - j0) / 2) + 4 * word, (c & 1) ? pack2<bf16>(other, v[1]) : pack2<bf16>(v[0], other));
         }

@@ -797,11 +797,11 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   }
 
   // The streaming phases' split-tile sums; the grouped GEMMs' epilogues stage their 16-byte
-  // stores here (1 KB per math warp).
+  // stores (1 KB per math warp) and their bf16 biases (512 bytes) here.
   __shared__ __align__(128) float partials[2][kWarps][kWarp][4];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * 1024, "the GEMM epilogues' staging fits in partials");
+    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (1024 + 512), "the GEMM epilogues' staging and biases fit in partials");
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
