@@ -258,11 +258,13 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   // without holding registers; the epilogue reads them there. (Loaded in the epilogue, GPT-OSS's
   // biases cost the layer 3-4% at T = 8192 on an H200, bench/RESULTS.md.) f32 biases, twice the
   // bytes, are loaded in the epilogue.
-  constexpr bool kBiasStaged = (kUp ? kBias13 : kBias2) == kBiasBf16 && !kConcat;
+  constexpr int kBias = kUp ? kBias13 : kBias2;
+  const void* const bias_base = kUp ? p.w13_bias : p.w2_bias;
+  constexpr bool kBiasStaged = kBias == kBiasBf16 && !kConcat;
   const unsigned warp_bias = staging + kMoeMathThreads / 32 * 1024 + ((threadIdx.x >> 5) & 7) * 512;
   if (kBiasStaged && live) {
     const int first = t.n0 + n_off;  // the bias column of acc[0]'s column 0
-    const bf16* from = static_cast<const bf16*>(kUp ? p.w13_bias : p.w2_bias) + t.expert * (kUp ? p.w13_bias_expert_stride : p.w2_bias_expert_stride) + first;
+    const bf16* from = static_cast<const bf16*>(bias_base) + t.expert * (kUp ? p.w13_bias_expert_stride : p.w2_bias_expert_stride) + first;
 #pragma unroll
     for (int i = 0; i < kN / 64; ++i) {  // 2 columns a copy
       const int col = 2 * (32 * i + lane);
@@ -315,18 +317,18 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
   auto piece = [&](int row, int block) { return warp_staging + row * 64 + (((block ^ (row >> 1)) & 3) << 4); };
   const int r0 = m_off + warp * 16 + g;  // this lane's rows r0 and r0 + 8
-  // The biases of columns 8 j + 2 c and + 1 of acc, as floats.
   if (kBiasStaged) {
     wait_copies<0>();
     __syncwarp();
   }
-  auto bias_pair = [&](int bias_kind, const void* bias, long long offset, int j) {
+  // The biases of columns 8 j + 2 c and + 1 of acc (at `offset` in the bias tensor), as floats.
+  auto bias_pair = [&](long long offset, int j) {
     if (kBiasStaged) {
       unsigned w;
       asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(warp_bias + 4 * (4 * j + c)));
       return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
     }
-    return bias_kind == kBiasF32 ? make_float2(moe_bias<kBiasF32>(bias, offset), moe_bias<kBiasF32>(bias, offset + 1)) : make_float2(0.0f, 0.0f);
+    return make_float2(moe_bias<kBias>(bias_base, offset), moe_bias<kBias>(bias_base, offset + 1));
   };
   // Rows r0 and r0 + 8 of the staged block into global memory at `row_lo` and `row_hi`.
   auto write_staged = [&](bf16* row_lo, bf16* row_hi) {
@@ -352,7 +354,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const int j = j0 + 2 * sub + (m >> 1), half = m & 1;
-          const float2 b = bias_pair(kBias2, p.w2_bias, bias + 8 * j, j);
+          const float2 b = bias_pair(bias + 8 * j, j);
           regs[m] = pack2<bf16>(acc[j][2 * half] + b.x, acc[j][2 * half + 1] + b.y);
         }
         stmatrix_x4(piece(st_row, 2 * sub + st_block), regs);
@@ -373,7 +375,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 #pragma unroll
       for (int j = j0; j < j0 + 8; j += 2) {
         // Gate and up biases (.x, .y) of units u0 + 4 j and u0 + 4 (j + 1), for both rows.
-        const float2 gate_up_bias[2] = {bias_pair(kBias13, p.w13_bias, bias + 8 * j, j), bias_pair(kBias13, p.w13_bias, bias + 8 * (j + 1), j + 1)};
+        const float2 gate_up_bias[2] = {bias_pair(bias + 8 * j, j), bias_pair(bias + 8 * (j + 1), j + 1)};
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float v[2];
