@@ -277,10 +277,6 @@ struct MoeRowDistance {
   long long bytes, scales;
 };
 
-// 4 bytes from global to shared memory (a shared-window address), or 4 zero bytes when `valid` is false.
-__device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy) : "memory");
-}
 // The 4-byte-aligned word holding the byte at p (never crosses a page: it shares p's aligned word).
 __device__ __forceinline__ const void* aligned_word(const u8* p) {
   return reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(p) & ~3ull);
