@@ -275,8 +275,9 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=Fals
     if bias:
         b13 = torch.randn(E, 2 * I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
         b2 = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
-        kiln.keep.append((b13, b2, kt(b13), kt(b2)))
-        biases = [ref(kiln.keep[-1][2]), ref(kiln.keep[-1][3])]
+        bias_views = [kt(b13), kt(b2)]  # each view keeps its tensor alive
+        kiln.keep.append(bias_views)
+        biases = [ref(v) for v in bias_views]
     # Input sets share the weights and differ in tokens and router logits, so each call routes to
     # other experts: enough sets that the experts they read together exceed L2 twice over (at
     # T = 1 the 4 experts of one set are about an H100's L2 in MXFP4).

@@ -36,6 +36,10 @@ enum {
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
   kMoeMathThreads = 256,      // warpgroups 0 and 1: the MMAs and epilogues
   kMoeProducerThread = 256,   // the first thread of warpgroup 2: every copy
+  // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
+  // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
+  kMoeStagingBytes = 1024,
+  kMoeBiasStagingBytes = 512,
 };
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
@@ -242,7 +246,7 @@ __device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const Mo
 template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, const MoeGemmTile& t,
                                               int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging, float (&acc256)[32][4]) {
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int math_warp = (threadIdx.x >> 5) & 7, warp = math_warp & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
@@ -261,7 +265,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   constexpr int kBias = kUp ? kBias13 : kBias2;
   const void* const bias_base = kUp ? p.w13_bias : p.w2_bias;
   constexpr bool kBiasStaged = kBias == kBiasBf16 && !kConcat;
-  const unsigned warp_bias = staging + kMoeMathThreads / 32 * 1024 + ((threadIdx.x >> 5) & 7) * 512;
+  const unsigned warp_bias = staging + kMoeMathThreads / 32 * kMoeStagingBytes + math_warp * kMoeBiasStagingBytes;
   if (kBiasStaged && live) {
     const int first = t.n0 + n_off;  // the bias column of acc[0]'s column 0
     const bf16* from = static_cast<const bf16*>(bias_base) + t.expert * (kUp ? p.w13_bias_expert_stride : p.w2_bias_expert_stride) + first;
@@ -314,7 +318,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   // block, in one 16-byte store, so each row gets 64 contiguous bytes (the accumulator layout's
   // 4-byte stores filled half of each 32-byte sector). The 16-byte pieces of a row are
   // XOR-swizzled by row / 2, so neither the writes into staging nor the reads conflict.
-  const unsigned warp_staging = staging + ((threadIdx.x >> 5) & 7) * 1024;
+  const unsigned warp_staging = staging + math_warp * kMoeStagingBytes;
   auto piece = [&](int row, int block) { return warp_staging + row * 64 + (((block ^ (row >> 1)) & 3) << 4); };
   const int r0 = m_off + warp * 16 + g;  // this lane's rows r0 and r0 + 8
   if (kBiasStaged) {

@@ -797,7 +797,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   __shared__ __align__(128) float partials[2][kWarps][kWarp][4];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (1024 + 512), "the GEMM epilogues' staging and biases fit in partials");
+    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes), "the GEMM epilogues' staging fits in partials");
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
