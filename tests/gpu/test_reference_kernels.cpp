@@ -321,6 +321,12 @@ struct MoeCase {
   bool all_to_one;  // precomputed: every token to expert 3
 };
 
+std::string describe(const MoeCase& c) {
+  return "moe mxfp4=" + std::to_string(c.mxfp4) + " T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
+         " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) + " routing=" + std::to_string(c.routing) + " act=" + std::to_string(c.activation) +
+         " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias);
+}
+
 void run_moe(std::mt19937& rng, const MoeCase& c) {
   MoeProblem p;
   p.tokens = c.tokens;
@@ -412,8 +418,16 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   std::vector<double> got(T * H);
   const auto bits = out.to_host<uint16_t>(T * H);
   for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bits[i]);
-  EXPECT_LT(relative_error(got, ref), 1e-2) << "moe mxfp4=" << c.mxfp4 << " routing=" << c.routing << " act=" << c.activation
-                                             << " interleaved=" << c.interleaved << " bias=" << c.bias << " T=" << c.tokens;
+  EXPECT_LT(relative_error(got, ref), 1e-2) << describe(c);
+}
+// run_moe, an exception (a failed launch, a fault) reported with the case that raised it.
+void run_moe_case(std::mt19937& rng, const MoeCase& c) {
+  try {
+    run_moe(rng, c);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << describe(c) << ": " << e.what();
+    throw;
+  }
 }
 
 TEST_F(Gpu, MoeKernelsMatchFloat64) {
@@ -453,7 +467,7 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
   for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
     Registry::global().set_override(moe, kernel);
     SCOPED_TRACE(kernel);
-    for (const auto& c : cases) run_moe(rng, c);
+    for (const auto& c : cases) run_moe_case(rng, c);
   }
   unsetenv("KILN_POISON_WORKSPACE");
   Registry::global().set_override(moe, "");

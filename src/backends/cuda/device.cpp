@@ -183,7 +183,10 @@ void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::strin
 
 void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name) {
-  if (shape.dynamic_shared_bytes > 48 * 1024) {
+  // Beside the kernel's static arrays, more than 48 KB in all needs the opt-in, whatever the dynamic
+  // share: set it for any (an experimental MoE launch with 27 KB static and 40 KB dynamic failed
+  // as CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE without it).
+  if (shape.dynamic_shared_bytes > 0) {
     KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                  static_cast<int>(shape.dynamic_shared_bytes));
   }
