@@ -55,25 +55,36 @@ __device__ __forceinline__ void load_l2_4(const float* p, float* v) {
 // %envreg2 hold its workspace's address, the word 4 bytes in): CTA 0 adds 2^31 - (CTAs - 1) and
 // every other CTA 1, so the top bit flips once all have arrived and the low bits are back at zero.
 // Nothing needs clearing between barriers or launches, so a launch that routes locally needs no
-// memset before it.
-__device__ __forceinline__ void grid_barrier() {
+// memset before it. In two halves, so that a CTA can issue work that needs no other CTA's writes
+// (down's first weight copies) between its arrival and its wait: the arrival's fence then orders
+// none of it. arrive returns thread 0's view of the word before its arrival, which wait takes.
+__device__ __forceinline__ const unsigned* grid_barrier_word() {
+  u32 address_hi, address_lo;
+  asm volatile("mov.u32 %0, %%envreg1;" : "=r"(address_hi));
+  asm volatile("mov.u32 %0, %%envreg2;" : "=r"(address_lo));
+  return reinterpret_cast<const unsigned*>(((static_cast<unsigned long long>(address_hi) << 32) | address_lo) + 4);
+}
+__device__ __forceinline__ unsigned grid_barrier_arrive() {
   __syncthreads();
+  unsigned before = 0u;
   if (threadIdx.x == 0) {
-    u32 address_hi, address_lo;
-    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(address_hi));
-    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(address_lo));
-    const unsigned* word = reinterpret_cast<const unsigned*>(((static_cast<unsigned long long>(address_hi) << 32) | address_lo) + 4);
     const unsigned arrival = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    unsigned before, seen;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(word), "r"(arrival) : "memory");
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(grid_barrier_word()), "r"(arrival) : "memory");
+  }
+  return before;
+}
+__device__ __forceinline__ void grid_barrier_wait(unsigned before) {
+  if (threadIdx.x == 0) {
+    unsigned seen;
     do {
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(grid_barrier_word()) : "memory");
     } while (((before ^ seen) & 0x80000000u) == 0u);
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   __syncthreads();
 }
+__device__ __forceinline__ void grid_barrier() { grid_barrier_wait(grid_barrier_arrive()); }
 
 // Two bf16 in a word to floats.
 __device__ __forceinline__ void bf16x2_to_float(u32 w, float& lo, float& hi) {
@@ -542,6 +553,8 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // may take both before its barrier). On an H200, GPT-OSS MXFP4 at T = 1 took 0.0408 ms against
   // 0.0423 with a view of the cursor's own, and 0.0400 against 0.0407 with the pairs read after
   // the copies.
+  // down: this CTA's act is written; the grid barrier's wait comes once the first copies are out.
+  const unsigned barrier_arrival = barrier_after_first_copies ? grid_barrier_arrive() : 0u;
   int tile = static_cast<int>(unit_begin / steps), step = static_cast<int>(unit_begin % steps), stage = 0;
   MoeMmaTile current = make_tile(global_tile(tile), !kRing);
   long long copy_unit = unit_begin;
@@ -567,7 +580,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   // down waits for every CTA's act here, its first weight copies already in flight (they do not
   // depend on act): on an H200, GPT-OSS MXFP4 at T = 1 0.0467 ms against 0.0479 with the barrier
   // before them.
-  if (barrier_after_first_copies) grid_barrier();
+  if (barrier_after_first_copies) grid_barrier_wait(barrier_arrival);
 
   MoeMmaTile next = make_tile(global_tile(tile + 1), true);
   Acts acts = load_step_activations<kFormat, kUp>(current, 4 * step + t, pieces);
