@@ -420,6 +420,7 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bits[i]);
   EXPECT_LT(relative_error(got, ref), 1e-2) << describe(c);
 }
+
 // run_moe, an exception (a failed launch, a fault) reported with the case that raised it.
 void run_moe_case(std::mt19937& rng, const MoeCase& c) {
   try {
