@@ -87,9 +87,6 @@ __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
   return r;
 }
 
-// 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false. The overloads
-// taking an unsigned take a shared-window address (shared_address), which a loop can keep instead
-// of converting a generic pointer on every call.
 // 4 bytes (4-byte aligned) from global to shared memory (a shared-window address), or 4 zero bytes
 // when `valid` is false; with `policy`, under an L2 cache policy (createpolicy).
 __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid) {
@@ -98,6 +95,9 @@ __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* g
 __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy) : "memory");
 }
+// 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false. The overloads
+// taking an unsigned take a shared-window address (shared_address), which a loop can keep instead
+// of converting a generic pointer on every call.
 __device__ __forceinline__ void copy16_async_or_zero(unsigned smem, const void* global, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0) : "memory");
 }
