@@ -76,9 +76,10 @@ __device__ __forceinline__ unsigned grid_barrier_arrive() {
 }
 __device__ __forceinline__ void grid_barrier_wait(unsigned before) {
   if (threadIdx.x == 0) {
+    const unsigned* word = grid_barrier_word();
     unsigned seen;
     do {
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(grid_barrier_word()) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
     } while (((before ^ seen) & 0x80000000u) == 0u);
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
