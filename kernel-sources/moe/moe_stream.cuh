@@ -126,7 +126,7 @@ __device__ __forceinline__ u32 warp_min_u32(u32 v) {
 // One routed token, by one warp: lane j < top_k ends with slot j's expert (-1 when a precomputed
 // id is outside [0, E)) and weight, written to `ids` and `weights` (the workspace, or this CTA's
 // shared memory when it routes every token itself), and the expert's count raised (in `counts`,
-// shared memory when `shared_counts`).
+// shared memory when `shared_counts`; none when `counts` is null).
 template <int kRouting, bool kLogitsBf16>
 __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* ids, float* weights, int* counts, bool shared_counts) {
   const int k = p.top_k, experts = p.num_experts;
@@ -190,7 +190,7 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
     if (id < 0 || id >= experts) id = -1;
     ids[t * k + lane] = id;
     weights[t * k + lane] = w;
-    if (id >= 0) {
+    if (id >= 0 && counts != nullptr) {
       if (shared_counts) atomic_add_shared(shared_address(&counts[id]), 1);
       else atomic_add_global(&counts[id], 1);
     }
@@ -222,17 +222,50 @@ __device__ __forceinline__ int read_pair(const int* pairs, int i, bool local) { 
 struct MoeChunk {
   int expert, first, count;
 };
-// Up to this many chunks, the group phase also lists each chunk's expert (chunk_expert), so that a
-// tile finds its expert in one shared load rather than a search over all experts (7 dependent
-// loads at 128 experts; on an H200, GPT-OSS at T = 1: MXFP4 0.0405 ms against 0.0408, bf16 0.0680
-// against 0.0694).
+// Up to this many chunks, the group phase also lists each chunk (chunk_table), so that a tile
+// finds its chunk in shared loads rather than a search over all experts (7 dependent loads at 128
+// experts; on an H200, GPT-OSS at T = 1: MXFP4 0.0405 ms against 0.0408, bf16 0.0680 against
+// 0.0694). Past it (null table) the chunk is found from chunk_start and pair_start.
 enum { kMoeChunkTable = 256 };
-__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const int* chunk_expert, const int* pair_start, int experts, int chunk) {
+__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, int experts, int chunk) {
+  if (chunk_table != nullptr) return chunk_table[chunk];
   MoeChunk c;
-  c.expert = chunk_expert != nullptr ? chunk_expert[chunk] : find_expert(chunk_start, experts, chunk, 1);
+  c.expert = find_expert(chunk_start, experts, chunk, 1);
   c.first = pair_start[c.expert] + (chunk - chunk_start[c.expert]) * kMoeStreamChunk;
   c.count = min(kMoeStreamChunk, pair_start[c.expert + 1] - c.first);
   return c;
+}
+// The chunks of `count` pairs of `expert` from grouped pair `first` on, into the table from chunk
+// `at` on.
+__device__ __forceinline__ void list_chunks(MoeChunk* chunk_table, int at, int expert, int first, int count) {
+  for (int c = 0; c * kMoeStreamChunk < count; ++c) {
+    chunk_table[at + c] = MoeChunk{expert, first + c * kMoeStreamChunk, min(kMoeStreamChunk, count - c * kMoeStreamChunk)};
+  }
+}
+// Grouping at most a warp's worth of locally routed pairs, by one warp and without a pass over
+// every expert: lane q holds pair q's expert (-1: none), and its place in the grouped list is the
+// number of pairs of lower experts plus its rank among its expert's pairs (pair order, as the
+// general path lists them). Fills the chunk table, chunk_start[experts] (the number of chunks)
+// and the grouped list. (The general path's scan over 256 experts per lane group, then its pair
+// listing, took about 1.7 us of warp 0 at GPT-OSS's T = 1 on an H200.)
+__device__ void group_few_pairs(const int* ids, int num_pairs, int experts, int lane, int* chunk_start, MoeChunk* chunk_table, int* pairs) {
+  const int e = lane < num_pairs ? ids[lane] : -1;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(same & ((1u << lane) - 1u)), n = __popc(same);
+  const bool leader = e >= 0 && rank == 0;
+  const int chunks = leader ? (n + kMoeStreamChunk - 1) / kMoeStreamChunk : 0;
+  int pairs_before = 0, chunks_before = 0;
+  for (int j = 0; j < kWarp; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j), cj = __shfl_sync(0xffffffffu, chunks, j);
+    if (ej >= 0 && ej < e) {
+      ++pairs_before;
+      chunks_before += cj;
+    }
+  }
+  if (e >= 0) pairs[pairs_before + rank] = lane;
+  if (leader) list_chunks(chunk_table, chunks_before, e, pairs_before, n);
+  const int total = __reduce_add_sync(0xffffffffu, chunks);
+  if (lane == 0) chunk_start[experts] = total;
 }
 
 // ---- up and down on mma.sync: every format and GPU, except bf16 from 16 routed pairs on sm_90a ----
@@ -448,7 +481,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, int kWarps = kiln_moe_stream_warps(kFormat)>
-__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const int* chunk_expert, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
+__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
                               long long x_row_stride, bf16* act, float* y, float (*partials)[kWarps][kWarp][4], unsigned ring,
                               bool barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
@@ -460,7 +493,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const int steps = (pieces + 3) / 4;  // per tile: a step covers 4 pieces of each row, one per lane t
   const int row_blocks = kUp ? p.intermediate / 8 : (p.hidden + kMoeTileRows - 1) / kMoeTileRows;
   const int tiles = chunk_start[experts] * row_blocks;  // at most (T k / 8 + E) x 360 for GPT-OSS
-  if (chunk_start[experts] > kMoeChunkTable) chunk_expert = nullptr;  // not listed: searched
+  if (chunk_start[experts] > kMoeChunkTable) chunk_table = nullptr;  // not listed: searched
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   // This CTA's tiles (its i-th is global_tile(i)), then warp w's units [unit_start(w),
   // unit_start(w + 1)): unit u is step u % steps of the CTA's tile u / steps.
@@ -490,7 +523,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     v.out_pair[0] = v.out_pair[1] = -1;
     v.expert = v.row_block = 0;
     if (tile >= tiles) return v;
-    const MoeChunk c = find_chunk(chunk_start, chunk_expert, pair_start, experts, tile / row_blocks);
+    const MoeChunk c = find_chunk(chunk_start, chunk_table, pair_start, experts, tile / row_blocks);
     v.expert = c.expert;
     v.row_block = tile % row_blocks;
     int rows[2];
@@ -663,7 +696,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   constexpr int kWarps = kiln_moe_stream_warps(kFormat);
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
-  __shared__ int chunk_expert[kMoeChunkTable];           // each chunk's expert, up to kMoeChunkTable chunks
+  __shared__ MoeChunk chunk_table[kMoeChunkTable];       // each chunk, up to kMoeChunkTable chunks
   __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first 128-pair GEMM tile row of each expert
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
@@ -701,7 +734,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   __shared__ int local_ids[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK], local_pairs[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK];
   __shared__ float local_weights[KILN_MOE_LOCAL_MAX_TOKENS * kMoeMaxTopK];
   __shared__ int local_counts[kMoeStreamMaxExperts];  // then each expert's next slot in local_pairs
-  if (local) {
+  // At most a warp's worth of locally routed pairs (GPT-OSS up to T = 8) are grouped by
+  // group_few_pairs, which needs no counts.
+  const bool few_pairs = local && num_pairs <= kWarp;
+  if (local && !few_pairs) {
     for (int e = threadIdx.x; e < experts; e += blockDim.x) local_counts[e] = 0;
     __syncthreads();
   }
@@ -710,7 +746,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   {  // local: warp w of every CTA routes token w
     int* route_ids = local ? local_ids : ids;
     float* route_weights = local ? local_weights : weights;
-    int* route_counts = local ? local_counts : counts;
+    int* route_counts = few_pairs ? nullptr : local ? local_counts : counts;
     for (int t = local ? static_cast<int>(threadIdx.x >> 5) : warp; t < p.num_tokens; t += local ? kWarps : warps) {
       route_token_warp<kRouting, kLogitsBf16>(p, t, lane, route_ids, route_weights, route_counts, local);
     }
@@ -732,8 +768,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   else grid_barrier();
 
   // group: every CTA derives the same offsets from the counts (warp 0: 8 experts per lane, then a
-  // scan over the lanes).
-  if (threadIdx.x < kWarp) {
+  // scan over the lanes), or from the routed experts alone when there are few pairs.
+  if (few_pairs) {
+    if (threadIdx.x < kWarp) group_few_pairs(local_ids, num_pairs, experts, lane, chunk_start, chunk_table, local_pairs);
+  } else if (threadIdx.x < kWarp) {
     constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
     int n[kPerLane], lane_pairs = 0, lane_chunks = 0, lane_mtiles = 0;
 #pragma unroll
@@ -756,7 +794,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       }
     }
     int pair_at = pairs_through - lane_pairs, chunk_at = chunks_through - lane_chunks, mtile_at = mtiles_through - lane_mtiles;
-    const bool chunk_table = __shfl_sync(0xffffffffu, chunks_through, kWarp - 1) <= kMoeChunkTable;
+    const bool listed = __shfl_sync(0xffffffffu, chunks_through, kWarp - 1) <= kMoeChunkTable;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
@@ -766,9 +804,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
         mtile_start[e] = mtile_at;
       }
       const int chunks = (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
-      if (chunk_table) {
-        for (int c = 0; c < chunks; ++c) chunk_expert[chunk_at + c] = e;
-      }
+      if (listed) list_chunks(chunk_table, chunk_at, e, pair_at, n[i]);
       pair_at += n[i];
       chunk_at += chunks;
       mtile_at += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
@@ -780,7 +816,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     }
   }
   __syncthreads();
-  if (local) {
+  if (few_pairs) {
+    // listed by group_few_pairs
+  } else if (local) {
     // Every CTA must list an expert's pairs in the same order (their chunks are split between
     // CTAs): pair order, 32 at a time by warp 0, each lane ranked among the lanes of its expert.
     if (threadIdx.x < kWarp) {
@@ -844,9 +882,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier();
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_expert, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
                                                                         act16, y, partials, ring, false);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_expert, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
                                                                          act16, y, partials, ring, true);
   }
   grid_barrier();
