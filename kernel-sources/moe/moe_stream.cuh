@@ -246,8 +246,9 @@ __device__ __forceinline__ void list_chunks(MoeChunk* chunk_table, int at, int e
 // every expert: lane q holds pair q's expert (-1: none), and its place in the grouped list is the
 // number of pairs of lower experts plus its rank among its expert's pairs (pair order, as the
 // general path lists them). Fills the chunk table, chunk_start[experts] (the number of chunks)
-// and the grouped list. (The general path's scan over 256 experts per lane group, then its pair
-// listing, took about 1.7 us of warp 0 at GPT-OSS's T = 1 on an H200.)
+// and the grouped list. (The general path's scan over 256 expert slots and its pair listing took
+// about 1.7 us of warp 0 at GPT-OSS's T = 1 on an H200; with this, MXFP4 with biases took 0.0385 ms
+// against 0.0399, bf16 0.0701 against 0.0715.)
 __device__ void group_few_pairs(const int* ids, int num_pairs, int experts, int lane, int* chunk_start, MoeChunk* chunk_table, int* pairs) {
   const int e = lane < num_pairs ? ids[lane] : -1;
   const unsigned same = __match_any_sync(0xffffffffu, e);
