@@ -235,7 +235,7 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   // A piece state: 8 rows (group 8, q_len 1) of m, l and head_dim accumulators.
   auto states = [](size_t count, int head_dim) { return count * 8 * (head_dim + 2) * sizeof(float); };
   LaunchShape s = shape(8, 32768, 128);  // 8 sequences: 16 ranges x 8 KV heads
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16 * 8, 1, 1, 256, 0}));
   EXPECT_EQ(s.dynamic_shared_bytes, 8 * warp_bytes_d128 + 128);  // + the rings' 128-byte alignment
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(16 * 8, 128));
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, h200), 64u * 4);
@@ -244,16 +244,25 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d64 + 128);
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
   s = shape(1, 131072, 64);  // 16 ranges
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16, 8, 1, 256, 0}));
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16 * 8, 1, 1, 256, 0}));
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(16 * 8, 64));
   s = shape(1, 131072, 64, 1);  // one KV head: a range per SM
   EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{132, 1, 1, 256, 0}));
   s = shape(2, 384, 128);  // at least 256 tokens of the longest context per range: 3
-  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{3, 8, 1, 256, 0}));
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{3 * 8, 1, 1, 256, 0}));
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(3 * 8, 128));
   s = shape(1, 320, 128);  // one range for one sequence: unsplit
   EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 1, 256, 0}));
   EXPECT_EQ(spec->workspace_bytes(&p, h200), 0u);
+
+  // An e4m3 cache at head_dim 64 runs two CTAs per SM: twice the ranges; at head_dim 128 one.
+  const auto fp8 = Registry::global().find("attention.decode.mma_split_fp8");
+  ASSERT_TRUE(fp8);
+  shape(1, 131072, 64);
+  EXPECT_EQ(grid(fp8->launch_shape(&p, h200)), (std::array<uint32_t, 5>{33 * 8, 1, 1, 256, 0}));
+  EXPECT_EQ(fp8->workspace_bytes(&p, h200), 256 + states(33 * 8, 64));
+  shape(8, 32768, 128);
+  EXPECT_EQ(grid(fp8->launch_shape(&p, h200)), (std::array<uint32_t, 5>{16 * 8, 1, 1, 256, 0}));
 }
 
 // MoE on sm_90a: the streaming kernel up to 256 experts (its routing keeps 8 logits per lane),

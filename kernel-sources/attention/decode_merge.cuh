@@ -3,12 +3,15 @@
 // through the workspace.
 //
 // Two grids. Unsplit, grid (1, Hkv, batch): one CTA per pair, which writes out directly. Split,
-// grid (G, Hkv) with G > batch: the G ranges are dealt to the sequences by their tile counts (the
+// grid (G Hkv) with G > batch: the G ranges are dealt to the sequences by their tile counts (the
 // smallest R such that ranges of at most R tiles, at least one per sequence, number at most G;
-// ranges left over do nothing), and CTA (g, h) computes range g against KV head h. So a ragged
-// batch is split where its tiles are, not evenly per sequence. The Hkv CTAs of a range read the
-// same tokens, whose KV heads sit side by side in the cache, at the same time. (Ranges that crossed
-// sequence boundaries, cut per pair and out of step across heads, measured slower on an H200.)
+// ranges left over do nothing), and CTA g Hkv + h computes range g against KV head h. So a ragged
+// batch is split where its tiles are, not evenly per sequence. The Hkv CTAs of a range, numbered
+// side by side, read the same tokens, whose KV heads sit side by side in the cache, at the same
+// time. (Ranges that crossed sequence boundaries, cut per pair and out of step across heads,
+// measured slower on an H200. With two CTAs per SM, a grid (G, Hkv), the ranges of one head
+// numbered side by side, ran an e4m3 cache at head_dim 64 at B1 anywhere from 0.056 to 0.070 ms
+// from process to process; this order at 0.056.)
 //
 // A CTA that holds only part of a pair writes its state to the workspace (layout:
 // attention/decode_workspace.h) and takes a ticket; the CTA that draws the pair's last ticket
@@ -58,7 +61,7 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
   if (threadIdx.x < 32 && gridDim.x > 1) {  // split: warp 0 deals the ranges (decode_merge.cuh's head)
     // Lane l holds the tile counts of sequences l + 32 i, for the rows i < used (-1 past the batch).
     constexpr int kRowsMax = kiln_decode_split_max_batch / 32;
-    const int lane = threadIdx.x, ranges = gridDim.x, used = (p.batch + 31) / 32;
+    const int lane = threadIdx.x, ranges = gridDim.x / p.num_heads_kv, used = (p.batch + 31) / 32;
     int tiles[kRowsMax], total = 0, longest = 0;
 #pragma unroll
     for (int i = 0; i < kRowsMax; ++i) {
@@ -88,7 +91,7 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
       else lo = mid + 1;
     }
     // Sequence b's ranges start after those of the sequences before it: a scan per row.
-    const int g = blockIdx.x, h = blockIdx.y;
+    const int g = blockIdx.x / p.num_heads_kv, h = blockIdx.x % p.num_heads_kv;
     if (lane == 0) seg.parts = 0;  // a range left over, unless a lane claims it
     __syncwarp();
     int carry = 0;

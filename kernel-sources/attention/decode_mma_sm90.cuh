@@ -12,7 +12,7 @@
 // cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
 // V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale
 // and v_scale scales O.
-// Grid (1, Hkv, batch) unsplit or (G, Hkv) split, block 32 x warps (warps <= kDecodeMaxWarps),
+// Grid (1, Hkv, batch) unsplit or (G Hkv) split, block 32 x warps (warps <= kDecodeMaxWarps),
 // dynamic shared memory warps x DecodeTileLayout::kWarpBytes + kDecodeRingAlign; which CTA
 // computes which tokens, the merge and the workspace are decode_merge.cuh's.
 #pragma once

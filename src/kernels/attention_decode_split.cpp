@@ -57,9 +57,16 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
 
 // The grid and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit,
 // grid (1, Hkv, batch), 4 warps per CTA (up to three or four CTAs per SM). A smaller batch gets
-// 8-warp CTAs, one per SM: G = SMs / Hkv ranges (the Hkv CTAs of a range read the same tokens), at
-// least kMinTokensPerRange of the longest context each. When that leaves no more ranges than
-// sequences (short contexts), each pair gets one 8-warp CTA, unsplit.
+// 8-warp CTAs, one per SM, grid (G Hkv): G = SMs / Hkv ranges (the Hkv CTAs of a range read the
+// same tokens), at least kMinTokensPerRange of the longest context each. An e4m3 cache at head_dim
+// 64 gets twice the ranges, two CTAs per SM, both resident (under 128 registers a thread and 64 KB
+// of shared memory each): its tiles carry half a 16-bit cache's bytes, and 8 warps an SM keep too
+// few in flight. On an H200 (Hkv 8) that took 11-16% off: B1 ctx131072 p16 0.0562 ms against
+// 0.0632, B2 ctx65536 p16 0.0551 against 0.0625, B4 ctx32768 p64 0.0523 against 0.0619. A 16-bit
+// cache at head_dim 64 gained 2-4% at page 16 for B1 and B2 but lost 3-7% at larger pages and at
+// B4; at head_dim 128 one CTA fits an SM, and more ranges lost 2-5% (bench/RESULTS.md,
+// twenty-sixth session). When that leaves no more ranges than sequences (short contexts), each
+// pair gets one 8-warp CTA, unsplit.
 struct DecodeGrid {
   int64_t ranges;  // 0: unsplit
   int64_t warps;
@@ -68,7 +75,7 @@ struct DecodeGrid {
 // Query rows per KV head, q_len x group: the rows of one softmax state.
 int64_t query_rows(const KilnDecodeParams& p) { return static_cast<int64_t>(p.q_len) * (p.num_heads_q / std::max(p.num_heads_kv, 1)); }
 
-DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint32_t bytes_per_warp) {
+DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache) {
   const int64_t heads_kv = std::max(p.num_heads_kv, 1);
   const int64_t pairs = std::max<int64_t>(static_cast<int64_t>(p.batch) * heads_kv, 1);
   const int64_t max_context = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
@@ -78,15 +85,16 @@ DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, uint
   const int64_t warps = 8;
   // The last CTA of a pair keeps two floats per piece and row in its dynamic shared memory
   // (decode_merge.cuh): at most this many pieces.
-  const int64_t max_parts = warps * bytes_per_warp / (8 * std::max<int64_t>(query_rows(p), 1));
-  const int64_t ranges = std::min({sms / heads_kv, max_parts, p.batch * max_context / kMinTokensPerRange});
+  const int64_t max_parts = warps * warp_shared_bytes(p.head_dim, fp8_cache) / (8 * std::max<int64_t>(query_rows(p), 1));
+  const int64_t ctas_per_sm = fp8_cache && p.head_dim == 64 ? 2 : 1;
+  const int64_t ranges = std::min({ctas_per_sm * sms / heads_kv, max_parts, p.batch * max_context / kMinTokensPerRange});
   return DecodeGrid{ranges > p.batch ? ranges : 0, warps};
 }
 
 // The workspace of a split launch: tickets and piece states (attention/decode_workspace.h); none
 // unsplit.
 size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache) {
-  const int64_t ranges = decode_grid(p, platform, warp_shared_bytes(p.head_dim, fp8_cache)).ranges;
+  const int64_t ranges = decode_grid(p, platform, fp8_cache).ranges;
   if (ranges == 0) return 0;
   return static_cast<size_t>(kiln_decode_workspace_bytes(p.batch, p.num_heads_kv, ranges, query_rows(p), p.head_dim));
 }
@@ -110,14 +118,13 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   };
   spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnDecodeParams*>(params);
-    const uint32_t bytes_per_warp = warp_shared_bytes(p.head_dim, fp8_cache);
-    const DecodeGrid grid = decode_grid(p, platform, bytes_per_warp);
+    const DecodeGrid grid = decode_grid(p, platform, fp8_cache);
     LaunchShape shape;
-    shape.grid[0] = grid.ranges > 0 ? static_cast<uint32_t>(grid.ranges) : 1u;
-    shape.grid[1] = static_cast<uint32_t>(p.num_heads_kv);
+    shape.grid[0] = grid.ranges > 0 ? static_cast<uint32_t>(grid.ranges * p.num_heads_kv) : 1u;
+    shape.grid[1] = grid.ranges > 0 ? 1u : static_cast<uint32_t>(p.num_heads_kv);
     shape.grid[2] = grid.ranges > 0 ? 1u : static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(32 * grid.warps);
-    shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * bytes_per_warp + kRingAlignSlack;
+    shape.dynamic_shared_bytes = static_cast<uint32_t>(grid.warps) * warp_shared_bytes(p.head_dim, fp8_cache) + kRingAlignSlack;
     return shape;
   };
   spec.workspace_bytes = [fp8_cache](const void* params, const Platform& platform) {

@@ -290,6 +290,9 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
       {DType::kBF16, true, 128, 64, 8, 16, 1, {4096, 1, 0, 333, 2048}, -1, true},
       {DType::kF16, true, 64, 8, 1, 128, 2, {3000, 64, 1}, 100, false},
       {DType::kBF16, true, 128, 32, 8, 32, 1, {32768, 5, 20000}, 1000, true},
+      // An e4m3 cache at head_dim 64 runs two CTAs per SM: 33 ranges (2 x 132 SMs / 8) dealt
+      // over a ragged batch.
+      {DType::kBF16, true, 64, 32, 8, 16, 1, {20000, 9000, 17}, -1, true},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
   for (const char* kernel : {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.reference"}) {
