@@ -3,15 +3,15 @@
 // through the workspace.
 //
 // Two grids. Unsplit, grid (1, Hkv, batch): one CTA per pair, which writes out directly. Split,
-// grid (G Hkv) with G > batch: the G ranges are dealt to the sequences by their tile counts (the
-// smallest R such that ranges of at most R tiles, at least one per sequence, number at most G;
-// ranges left over do nothing), and CTA g Hkv + h computes range g against KV head h. So a ragged
-// batch is split where its tiles are, not evenly per sequence. The Hkv CTAs of a range, numbered
-// side by side, read the same tokens, whose KV heads sit side by side in the cache, at the same
-// time. (Ranges that crossed sequence boundaries, cut per pair and out of step across heads,
-// measured slower on an H200. With two CTAs per SM, a grid (G, Hkv), the ranges of one head
-// numbered side by side, ran an e4m3 cache at head_dim 64 at B1 anywhere from 0.056 to 0.070 ms
-// from process to process; this order at 0.056.)
+// grid (G Hkv), one-dimensional, with G > batch: the G ranges are dealt to the sequences by their
+// tile counts (the smallest R such that ranges of at most R tiles, at least one per sequence,
+// number at most G; ranges left over do nothing), and CTA g Hkv + h computes range g against KV
+// head h. So a ragged batch is split where its tiles are, not evenly per sequence. The Hkv CTAs
+// of a range, numbered side by side, read the same tokens, whose KV heads sit side by side in the
+// cache, at the same time. (Ranges that crossed sequence boundaries, cut per pair and out of step
+// across heads, measured slower on an H200. So did a grid (G, Hkv), the ranges of one head
+// numbered side by side, with two CTAs per SM: an e4m3 cache at head_dim 64 took 0.058-0.070 ms
+// at B1 from process to process, against a steady 0.056 in this order.)
 //
 // A CTA that holds only part of a pair writes its state to the workspace (layout:
 // attention/decode_workspace.h) and takes a ticket; the CTA that draws the pair's last ticket
