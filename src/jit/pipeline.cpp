@@ -65,6 +65,7 @@ struct LoadedKernel {
   const Platform* platform;
   Vendor vendor;
   cuda::LoadedFunction cuda_function;
+  mutable cuda::LaunchLimits cuda_limits;  // raised by launches from any thread
   hip::LoadedFunction hip_function;
   uint64_t registry_generation;
 
@@ -308,7 +309,7 @@ void run_operator(const OperatorCall& call) {
       cuda::encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);
     }
   }
-  cuda::launch(kernel->cuda_function.function, shape, call.params, call.stream, kernel->spec->name);
+  cuda::launch(kernel->cuda_function.function, kernel->cuda_limits, shape, call.params, call.stream, kernel->spec->name);
 }
 
 }  // namespace kiln::detail

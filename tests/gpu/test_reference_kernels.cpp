@@ -179,7 +179,8 @@ struct DecodeCase {
   bool sinks;
 };
 
-void run_decode(std::mt19937& rng, const DecodeCase& c) {
+// `launches` > 1 enqueues the same call that many times before the result is checked.
+void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   DecodeProblem p;
   p.batch = static_cast<int>(c.seqlens.size());
   p.q_len = c.q_len;
@@ -252,7 +253,7 @@ void run_decode(std::mt19937& rng, const DecodeCase& c) {
   a.window_left = c.window;
   a.k_scale = k_scale;
   a.v_scale = v_scale;
-  mha_decode_with_kvcache(a, nullptr);
+  for (int i = 0; i < launches; ++i) mha_decode_with_kvcache(a, nullptr);
   synchronize();
   const std::string what = "decode d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) + " q_len=" +
                            std::to_string(c.q_len) + " fp8=" + std::to_string(c.fp8) + " window=" + std::to_string(c.window);
@@ -729,6 +730,32 @@ TEST_F(Gpu, StressThreadsWithMixedSignatures) {
   for (auto& th : threads) th.join();
   std::printf("stress: %d checked calls in %.0f s on 8 threads\n", launches.load(), seconds);
   EXPECT_GT(launches.load(), 8);
+}
+
+// One kernel launched from two threads with different dynamic shared memory: a 3-sequence batch
+// runs split 8-warp CTAs and a 160-sequence batch (320 pairs, more than any GPU's SMs) unsplit
+// 4-warp ones, both on the same loaded function of attention.decode.mma_split. The function's
+// shared-memory limit is one per function, so neither thread may lower it under the other.
+TEST_F(Gpu, OneKernelLaunchedFromTwoThreadsWithDifferentSharedMemory) {
+  const DecodeCase split{DType::kBF16, false, 64, 16, 2, 16, 1, {300, 5, 70}, -1, true};
+  DecodeCase unsplit = split;
+  unsplit.seqlens.assign(160, 40);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      if (!use_first_gpu()) return;
+      std::mt19937 local(static_cast<uint32_t>(77 + t));
+      try {
+        for (int round = 0; round < 8; ++round) run_decode(local, t == 0 ? split : unsplit, 1000);
+      } catch (const std::exception& e) {
+        ++failures;
+        ADD_FAILURE() << (t == 0 ? "split" : "unsplit") << " thread: " << e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 }  // namespace

@@ -181,19 +181,29 @@ void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::strin
   }
 }
 
-void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
-            const std::string& kernel_name) {
+void LaunchLimits::raise_for(CUfunction function, const LaunchShape& shape) {
   // Beside the kernel's static arrays, more than 48 KB in all needs the opt-in, whatever the dynamic
-  // share: set it for any (an experimental MoE launch with 27 KB static and 40 KB dynamic failed
+  // share: raise it for any (an experimental MoE launch with 27 KB static and 40 KB dynamic failed
   // as CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE without it).
-  if (shape.dynamic_shared_bytes > 0) {
-    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                 static_cast<int>(shape.dynamic_shared_bytes));
+  const uint32_t shared = shape.dynamic_shared_bytes;
+  // Clusters above the portable 8 CTAs (Hopper allows 16) need the kernel to opt in.
+  const bool large_cluster = shape.cluster[0] * std::max(shape.cluster[1], 1u) * std::max(shape.cluster[2], 1u) > 8;
+  const bool shared_ok = shared <= dynamic_shared_bytes_.load(std::memory_order_acquire);
+  if (shared_ok && (!large_cluster || non_portable_clusters_.load(std::memory_order_acquire))) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shared > dynamic_shared_bytes_.load(std::memory_order_relaxed)) {
+    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared));
+    dynamic_shared_bytes_.store(shared, std::memory_order_release);
   }
-  if (shape.cluster[0] * std::max(shape.cluster[1], 1u) * std::max(shape.cluster[2], 1u) > 8) {
-    // Clusters above the portable 8 CTAs (Hopper allows 16) need the kernel to opt in.
+  if (large_cluster && !non_portable_clusters_.load(std::memory_order_relaxed)) {
     KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+    non_portable_clusters_.store(true, std::memory_order_release);
   }
+}
+
+void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape, const void* params, Stream stream,
+            const std::string& kernel_name) {
+  limits.raise_for(function, shape);
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   void* args[] = {const_cast<void*>(params)};
   CUresult result;

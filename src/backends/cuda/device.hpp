@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -55,9 +56,26 @@ void unload(const LoadedFunction& f);
 // kiln::Error(kDriverError), naming the kernel, when the driver rejects it.
 void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::string& kernel_name);
 
-// Launches `function` with `params` (one struct, passed by value) on `stream`; raises the
-// dynamic shared memory limit when the shape needs more than 48 KB.
-void launch(CUfunction function, const LaunchShape& shape, const void* params, Stream stream,
+// The opt-in limits of one loaded function, raised as its launches need them and never lowered.
+// They belong to the function, not to a launch: when each launch set the dynamic shared memory
+// limit to its own size, a thread launching 4-warp decode CTAs lowered it between another
+// thread's raise and its 8-warp launch, which then failed (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on
+// an H100; tests/gpu Gpu.OneKernelLaunchedFromTwoThreadsWithDifferentSharedMemory). Raises are
+// serialized; a launch within the current limits takes no lock and makes no driver call.
+class LaunchLimits {
+ public:
+  void raise_for(CUfunction function, const LaunchShape& shape);
+
+ private:
+  std::mutex mutex_;
+  std::atomic<uint32_t> dynamic_shared_bytes_{0};
+  std::atomic<bool> non_portable_clusters_{false};
+};
+
+// Launches `function` with `params` (one struct, passed by value) on `stream`, first raising
+// `limits` where the shape needs more (any dynamic shared memory: the opt-in counts the static
+// arrays too; clusters above 8 CTAs).
+void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name);
 
 // Device memory ordered on `stream`: allocated from the current device's memory pool
