@@ -18,11 +18,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attention/params.h"
+#include "backends/cuda/driver.hpp"
 #include "kiln/error.hpp"
+#include "kiln/jit.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/registry.hpp"
 #include "kiln/warmup.hpp"
 #include "reference/cpu_reference.hpp"
+#include "support/signatures.hpp"
 #include "tools/device_buffer.hpp"
 #include "tools/problems.hpp"
 
@@ -730,6 +734,50 @@ TEST_F(Gpu, StressThreadsWithMixedSignatures) {
   for (auto& th : threads) th.join();
   std::printf("stress: %d checked calls in %.0f s on 8 threads\n", launches.load(), seconds);
   EXPECT_GT(launches.load(), 8);
+}
+
+// A split decode launch is meant to run as one wave, all its CTAs resident at once. The e4m3 cache
+// at head_dim 64 counts on two 8-warp CTAs per SM, which holds only while NVRTC's build needs at
+// most 128 registers a thread: past that, half the grid would wait for a second wave, slower but
+// not wrong, so no correctness test would notice. The driver's occupancy of each split kernel, as
+// compiled for this GPU with its launch's block and dynamic shared memory, must cover the grid
+// (B1 ctx131072, Hkv 8: the shape whose grid is largest).
+TEST_F(Gpu, SplitDecodeGridIsOneWave) {
+  const Platform platform = detect_devices().devices.at(0);
+  struct Config {
+    const char* kv_dtype;
+    int64_t head_dim, group;
+  };
+  for (const Config& c : {Config{"bf16", 64, 8}, Config{"bf16", 128, 4}, Config{"e4m3", 64, 8}, Config{"e4m3", 128, 4}}) {
+    const Signature sig = decode_signature("bf16", c.kv_dtype, c.head_dim, c.group);
+    const auto spec = Registry::global().select(sig, platform);
+    KilnDecodeParams p{};
+    p.batch = 1;
+    p.q_len = 1;
+    p.num_heads_kv = 8;
+    p.num_heads_q = static_cast<int>(8 * c.group);
+    p.head_dim = static_cast<int>(c.head_dim);
+    p.page_size = 16;
+    p.max_pages_per_seq = 131072 / 16;
+    const LaunchShape shape = spec->launch_shape(&p, platform);
+    const std::string what = spec->name + " kv " + c.kv_dtype + " head_dim " + std::to_string(c.head_dim);
+    ASSERT_GT(shape.grid[0], 1u) << what << ": a split grid";
+    const CompiledKernel k = compile_for_target(sig, platform.arch);
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+    KILN_CU_CALL(cuModuleLoadData, &module, k.binary.data());
+    KILN_CU_CALL(cuModuleGetFunction, &function, module, k.lowered_name.c_str());
+    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shape.dynamic_shared_bytes));
+    int per_sm = 0, registers = 0;
+    KILN_CU_CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &per_sm, function, static_cast<int>(shape.block[0]), shape.dynamic_shared_bytes);
+    KILN_CU_CALL(cuFuncGetAttribute, &registers, CU_FUNC_ATTRIBUTE_NUM_REGS, function);
+    KILN_CU_CALL(cuModuleUnload, module);
+    const int64_t ctas = int64_t{shape.grid[0]} * shape.grid[1] * shape.grid[2];
+    EXPECT_GE(int64_t{per_sm} * platform.multiprocessor_count, ctas)
+        << what << ": " << ctas << " CTAs of " << shape.block[0] << " threads, " << shape.dynamic_shared_bytes << " B dynamic shared memory, "
+        << registers << " registers a thread: " << per_sm << " per SM on " << platform.multiprocessor_count << " SMs";
+    std::printf("%s: %lld CTAs, %d per SM resident (%d registers a thread)\n", what.c_str(), static_cast<long long>(ctas), per_sm, registers);
+  }
 }
 
 // One kernel launched from two threads with different dynamic shared memory: a 3-sequence batch
