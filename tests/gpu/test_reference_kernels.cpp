@@ -741,7 +741,7 @@ TEST_F(Gpu, StressThreadsWithMixedSignatures) {
 // most 128 registers a thread: past that, half the grid would wait for a second wave, slower but
 // not wrong, so no correctness test would notice. The driver's occupancy of each split kernel, as
 // compiled for this GPU with its launch's block and dynamic shared memory, must cover the grid
-// (B1 ctx131072, Hkv 8: the shape whose grid is largest).
+// (B1 ctx131072, Hkv 8, where the SM count alone limits the ranges).
 TEST_F(Gpu, SplitDecodeGridIsOneWave) {
   const Platform platform = detect_devices().devices.at(0);
   struct Config {
@@ -781,13 +781,14 @@ TEST_F(Gpu, SplitDecodeGridIsOneWave) {
 }
 
 // One kernel launched from two threads with different dynamic shared memory: a 3-sequence batch
-// runs split 8-warp CTAs and a 160-sequence batch (320 pairs, more than any GPU's SMs) unsplit
-// 4-warp ones, both on the same loaded function of attention.decode.mma_split. The function's
-// shared-memory limit is one per function, so neither thread may lower it under the other.
+// of short contexts runs one 8-warp CTA per (sequence, KV head) pair, and a 160-sequence batch
+// (320 pairs, more than any GPU's SMs) 4-warp ones, both on the same loaded function of
+// attention.decode.mma_split. Its shared-memory limit is one per function, so neither thread may
+// lower it under the other.
 TEST_F(Gpu, OneKernelLaunchedFromTwoThreadsWithDifferentSharedMemory) {
-  const DecodeCase split{DType::kBF16, false, 64, 16, 2, 16, 1, {300, 5, 70}, -1, true};
-  DecodeCase unsplit = split;
-  unsplit.seqlens.assign(160, 40);
+  const DecodeCase eight_warps{DType::kBF16, false, 64, 16, 2, 16, 1, {300, 5, 70}, -1, true};
+  DecodeCase four_warps = eight_warps;
+  four_warps.seqlens.assign(160, 40);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t) {
@@ -795,10 +796,10 @@ TEST_F(Gpu, OneKernelLaunchedFromTwoThreadsWithDifferentSharedMemory) {
       if (!use_first_gpu()) return;
       std::mt19937 local(static_cast<uint32_t>(77 + t));
       try {
-        for (int round = 0; round < 8; ++round) run_decode(local, t == 0 ? split : unsplit, 1000);
+        for (int round = 0; round < 8; ++round) run_decode(local, t == 0 ? eight_warps : four_warps, 1000);
       } catch (const std::exception& e) {
         ++failures;
-        ADD_FAILURE() << (t == 0 ? "split" : "unsplit") << " thread: " << e.what();
+        ADD_FAILURE() << (t == 0 ? "8-warp" : "4-warp") << " thread: " << e.what();
       }
     });
   }
