@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attention/params.h"
+#include "backends/cuda/device.hpp"
 #include "backends/cuda/driver.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
@@ -763,15 +764,13 @@ TEST_F(Gpu, SplitDecodeGridIsOneWave) {
     const std::string what = spec->name + " kv " + c.kv_dtype + " head_dim " + std::to_string(c.head_dim);
     ASSERT_GT(shape.grid[0], 1u) << what << ": a split grid";
     const CompiledKernel k = compile_for_target(sig, platform.arch);
-    CUmodule module = nullptr;
-    CUfunction function = nullptr;
-    KILN_CU_CALL(cuModuleLoadData, &module, k.binary.data());
-    KILN_CU_CALL(cuModuleGetFunction, &function, module, k.lowered_name.c_str());
+    const detail::cuda::LoadedFunction loaded = detail::cuda::load_function(k.binary, k.lowered_name, k.kernel);
+    const CUfunction function = loaded.function;
     KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shape.dynamic_shared_bytes));
     int per_sm = 0, registers = 0;
     KILN_CU_CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &per_sm, function, static_cast<int>(shape.block[0]), shape.dynamic_shared_bytes);
     KILN_CU_CALL(cuFuncGetAttribute, &registers, CU_FUNC_ATTRIBUTE_NUM_REGS, function);
-    KILN_CU_CALL(cuModuleUnload, module);
+    detail::cuda::unload(loaded);
     const int64_t ctas = int64_t{shape.grid[0]} * shape.grid[1] * shape.grid[2];
     EXPECT_GE(int64_t{per_sm} * platform.multiprocessor_count, ctas)
         << what << ": " << ctas << " CTAs of " << shape.block[0] << " threads, " << shape.dynamic_shared_bytes << " B dynamic shared memory, "
