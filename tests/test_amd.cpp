@@ -116,7 +116,17 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
       }
-      if (sig.op().mode == kModeApply) continue;
+      if (sig.op().mode == kModeApply) {
+        // The matrix-core MoE kernel: the same MFMAs in bf16 (MXFP4 decoded to bf16 first), 16-byte
+        // global loads of weight rows, and a grid barrier whose agent-scope acquire invalidates
+        // the caches (buffer_inv) between phases.
+        EXPECT_EQ(k.kernel, "moe.apply.mfma");
+        EXPECT_NE(text.find(std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_bf16" : "v_mfma_f32_32x32x8_bf16"), std::string::npos);
+        EXPECT_NE(text.find("global_load_dwordx4"), std::string::npos);
+        EXPECT_NE(text.find("buffer_inv"), std::string::npos);
+        EXPECT_NE(text.find("global_atomic_add"), std::string::npos);
+        continue;
+      }
       // The portable warp reduction on AMD: a cross-lane permute through LDS hardware.
       EXPECT_NE(text.find("ds_bpermute_b32"), std::string::npos);
       // bf16 rounding is one instruction on gfx950 (CDNA4) and a software sequence on gfx942.
@@ -170,7 +180,8 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
   ASSERT_FALSE(detail::hip::hiprtc_refuses("gfx90a")) << *detail::hip::hiprtc_refuses("gfx90a")
                                                       << " (scripts/install-deps.sh installs Debian's hipRTC)";
   AmdCompilerScope scope(AmdCompiler::kHiprtc);
-  for (const Signature& sig : {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4)}) {
+  for (const Signature& sig : {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4),
+                              test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
     const CompiledKernel k = compile_for_target(sig, "gfx90a");
     EXPECT_EQ(k.compiler.rfind("hiprtc ", 0), 0u) << k.compiler;
     const auto info = read_code_object(k.binary);
@@ -179,7 +190,7 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
     EXPECT_EQ(info.kernels.front(), k.lowered_name);
     const std::string text = disassemble(k.binary, "gfx90a");
     EXPECT_NE(text.find("ds_bpermute_b32"), std::string::npos);
-    if (sig.op().mode == kModePrefill) {
+    if (sig.op().mode == kModePrefill || sig.op().mode == kModeApply) {
       EXPECT_NE(text.find("v_mfma_f32_32x32x8bf16_1k"), std::string::npos);
     }
   }

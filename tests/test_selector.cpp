@@ -295,6 +295,36 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
 }
 
+// MoE on AMD: the matrix-core kernel up to 256 experts (one wavefront prefixes the counts, four a
+// lane), the reference beyond; one cooperative workgroup of 8 wavefronts per CU over moe_stream's
+// workspace, of which only the counters (the barrier's arrivals, counts, fill) are cleared.
+TEST(Selector, MoeMfmaOnAmdUpTo256Experts) {
+  for (const char* arch : {"gfx90a", "gfx942", "gfx950"}) {
+    const Platform amd = platform_for_target(arch);
+    EXPECT_EQ(Registry::global().select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), amd)->name,
+              "moe.apply.mfma") << arch;
+    const Signature many = test::moe_signature("bf16", 256, 128, 300, 4, "f32", "silu_glu", "concat", "none");
+    EXPECT_EQ(Registry::global().select(many, amd)->name, "moe.apply.reference.amd") << arch;
+    EXPECT_NE(Registry::global().explain(many, amd).to_text().find("experts 300 unsupported (at most 256)"), std::string::npos);
+  }
+  EXPECT_EQ(Registry::global().find("moe.apply.mfma")->backend, Backend::kHip);
+  const auto spec = Registry::global().find("moe.apply.mfma");
+  Platform mi300x = platform_for_target("gfx942");
+  mi300x.multiprocessor_count = 304;
+  KilnMoeParams p{};
+  p.num_tokens = 1, p.top_k = 4, p.num_experts = 128, p.hidden = 2880, p.intermediate = 2880;
+  const LaunchShape shape = spec->launch_shape(&p, mi300x);
+  EXPECT_EQ((std::array<uint32_t, 4>{shape.grid[0], shape.grid[1], shape.block[0], shape.dynamic_shared_bytes}),
+            (std::array<uint32_t, 4>{304, 1, 512, 0}));
+  EXPECT_TRUE(shape.cooperative);
+  const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(1, 4, 128, 2880, 2880);
+  EXPECT_EQ(spec->workspace_bytes(&p, mi300x), static_cast<size_t>(layout.total));
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, mi300x), size_t{256 + 2 * 512});
+  p.num_tokens = 8192;
+  EXPECT_GE(spec->workspace_bytes(&p, mi300x), size_t{8192} * 4 * (2880 + 2880) * 4);
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, mi300x), size_t{256 + 2 * 512});
+}
+
 // The grouped-GEMM phases read their operands through TMA tensor maps that kiln encodes at launch:
 // x_grouped (after bf16 y in y's region) and act in grouped order, the weights per expert. Weights
 // or x that a TMA copy or 16-byte load cannot take leave the call on the streaming phases.

@@ -152,11 +152,11 @@ struct KernelSpec {
   // Throws kiln::Error(kUnsupported) when the call does not fit the platform (shared memory).
   std::function<LaunchShape(const void* params, const Platform&)> launch_shape;
   // Optional: bytes of device scratch the kernel needs for this call, zero-filled (but see
-  // workspace_zeroed_bytes). kiln allocates
-  // it on the call's stream before the launch (stream-ordered, from the device's memory pool),
-  // hands it to the kernel in the parameter block's `workspace` field and frees it on the same
-  // stream after the launch. NVIDIA only; operators whose parameter block has no such field
-  // never select a kernel that sets this.
+  // workspace_zeroed_bytes). kiln allocates it on the call's stream before the launch
+  // (stream-ordered, from the device's memory pool: cuMemAllocAsync or hipMallocAsync), hands it
+  // to the kernel in the parameter block's `workspace` field and frees it on the same stream after
+  // the launch. Operators whose parameter block has no such field never select a kernel that sets
+  // this.
   std::function<size_t(const void* params, const Platform&)> workspace_bytes;
   // Optional, with workspace_bytes: how many leading bytes of the workspace must be zero when the
   // kernel starts (the rest is left as the pool hands it over); all of them when unset. A kernel

@@ -8,8 +8,8 @@
 //   O^T = V^T P^T (D dims x 32 rows).
 // Wavefront w walks the 32-key blocks w, w + 4, ... of the sequence (from the window's start),
 // looking each key's page up in the page table; the four softmax states merge in LDS. There is no
-// split over workgroups (kiln's AMD backend has no workspace for a combine pass yet), so a batch
-// with fewer (sequence, KV head) pairs than CUs leaves CUs idle.
+// split over workgroups (no AMD combine pass is written yet), so a batch with fewer (sequence,
+// KV head) pairs than CUs leaves CUs idle.
 // Launch: grid (1, Hkv, batch), block 256.
 #pragma once
 

@@ -3,7 +3,9 @@
 // nothing in the host build.
 #pragma once
 
-#if defined(KILN_NVRTC) || defined(KILN_HIPRTC) || defined(KILN_HIP_CLANG)
+#if defined(KILN_HIP_CLANG)  // nothing predefined there (common/prelude.cuh)
+#define KILN_HOST_DEVICE __attribute__((host, device))
+#elif defined(KILN_NVRTC) || defined(KILN_HIPRTC)
 #define KILN_HOST_DEVICE __host__ __device__
 #else
 #define KILN_HOST_DEVICE

@@ -1,4 +1,4 @@
-// AMD matrix-core (MFMA) helpers shared by the AMD attention kernels: one 32x32 product in
+// AMD matrix-core (MFMA) helpers shared by the AMD attention and MoE kernels: one 32x32 product in
 // 16-bit inputs with f32 accumulation, for CDNA2/3 (32x32x8, gfx90a and gfx942) and CDNA4
 // (32x32x16, gfx950), and the exchange between the two halves of a wavefront.
 // 32x32 layouts (wave64): operand A[i][k] sits in lane i + 32 * (k / kK2) as item k % kK2 of its
@@ -51,6 +51,20 @@ __device__ __forceinline__ mfma_f32x16 mfma_32x32(const u16 (&a)[kMfmaHalfK], co
     for (int i = 0; i < 4; ++i) va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
     return __builtin_amdgcn_mfma_f32_32x32x8f16(va, vb, c, 0, 0, 0);
   }
+#endif
+}
+
+// One bf16 32x32xkMfmaK product from packed operands: `a` and `b` hold this lane's kMfmaHalfK
+// values as kMfmaHalfK / 2 words, value 2i in the low half of word i (no unpacking).
+__device__ __forceinline__ mfma_f32x16 mfma_32x32_bf16_words(const u32* a, const u32* b, mfma_f32x16 c) {
+#if defined(__gfx950__)
+  typedef u32 words4 __attribute__((ext_vector_type(4)));
+  const words4 va = {a[0], a[1], a[2], a[3]}, vb = {b[0], b[1], b[2], b[3]};
+  return __builtin_amdgcn_mfma_f32_32x32x16_bf16(__builtin_bit_cast(mfma_bf16x8, va), __builtin_bit_cast(mfma_bf16x8, vb), c, 0, 0, 0);
+#else
+  typedef u32 words2 __attribute__((ext_vector_type(2)));
+  const words2 va = {a[0], a[1]}, vb = {b[0], b[1]};
+  return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(__builtin_bit_cast(mfma_i16x4, va), __builtin_bit_cast(mfma_i16x4, vb), c, 0, 0, 0);
 #endif
 }
 

@@ -8,41 +8,6 @@
 
 namespace kiln {
 
-// Serial routing by thread 0: picks top_k experts (ties go to the lower index) and their weights.
-template <int kRouting, bool kLogitsBf16>
-__device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* weights) {
-  if (kRouting == kRoutingPrecomputed) {
-    for (int j = 0; j < p.top_k; ++j) {
-      ids[j] = p.topk_ids[token * p.topk_row_stride + j];
-      weights[j] = p.topk_weights[token * p.topk_row_stride + j];
-    }
-    return;
-  }
-  float max_logit = neg_inf();
-  for (int e = 0; e < p.num_experts; ++e) max_logit = fmaxf(max_logit, logit<kLogitsBf16>(p, token, e));
-  float total = 0.0f;
-  if (kRouting == kRoutingSoftmaxTopk) {
-    for (int e = 0; e < p.num_experts; ++e) total += expf(logit<kLogitsBf16>(p, token, e) - max_logit);
-  }
-  for (int j = 0; j < p.top_k; ++j) {
-    int best = -1;
-    float best_logit = neg_inf();
-    for (int e = 0; e < p.num_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= (ids[i] == e);
-      const float l = logit<kLogitsBf16>(p, token, e);
-      const bool above = l > best_logit || (best_logit != best_logit && l == l);  // a NaN ranks below every number
-      if (!taken && (best < 0 || above)) { best = e; best_logit = l; }
-    }
-    ids[j] = best;
-    weights[j] = expf(best_logit - max_logit);  // max over all is also max over the chosen
-  }
-  float chosen = 0.0f;
-  for (int j = 0; j < p.top_k; ++j) chosen += weights[j];
-  const float norm = (kRouting == kRoutingTopkSoftmax || p.renormalize) ? chosen : total;
-  for (int j = 0; j < p.top_k; ++j) weights[j] /= norm;
-}
-
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
 __global__ void __launch_bounds__(256) moe_reference(const KilnMoeParams p) {
   extern __shared__ float shared[];

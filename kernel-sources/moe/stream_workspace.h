@@ -1,10 +1,12 @@
-// Layout of moe_stream's workspace (moe/moe_stream.cuh), shared verbatim by the kernel and its
-// registration (src/kernels/moe_stream.cpp), which sizes the allocation: plain C only.
+// Layout of moe_stream's workspace (moe/moe_stream.cuh; AMD's moe_mfma.cuh uses it too), shared
+// verbatim by the kernels and their registrations (src/kernels/moe_stream.cpp, moe_mfma.cpp),
+// which size the allocation: plain C only.
 // Byte offsets, each region aligned to 256 bytes. Where tokens are routed in the grid (not in every
 // CTA), gemm_counters, counts and fill must start at zero (kiln clears the bytes before `ids`);
 // the kernel writes every other region before reading it. The grid-wide barriers use the driver's
 // word for the cooperative launch, which needs no clearing (moe_stream.cuh).
-//   gemm_counters  2 x int, the grouped GEMMs' tile counters (up, down)
+//   gemm_counters  2 x int, the grouped GEMMs' tile counters (up, down); on AMD, moe_mfma's
+//             grid barrier counts its arrivals in the first
 //   counts    [E] int, tokens routed to each expert
 //   fill      [E] int, the scatter's cursor per expert
 //   ids       [T * k] int, chosen expert per (token, slot); -1 for an id outside [0, E)

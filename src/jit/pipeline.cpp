@@ -277,15 +277,34 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
   return future.get();
 }
 
+// Allocates the kernel's workspace for this call, when it asks for one, as `Scratch` (the
+// vendor's stream-ordered scratch, built from (bytes, zeroed bytes)) and points the parameter
+// block's field at it; the scratch is freed on the stream after the launch.
+template <typename Scratch, typename... Where>
+void attach_workspace(const LoadedKernel& kernel, const OperatorCall& call, const Platform& platform, std::optional<Scratch>& scratch,
+                      Where... where) {
+  if (!kernel.spec->workspace_bytes) return;
+  if (call.workspace == nullptr) {
+    throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel.spec->name));
+  }
+  const size_t bytes = kernel.spec->workspace_bytes(call.params, platform);
+  if (bytes == 0) return;  // this call needs none (an unsplit decode), and the field stays null
+  const size_t zeroed = kernel.spec->workspace_zeroed_bytes ? kernel.spec->workspace_zeroed_bytes(call.params, platform) : bytes;
+  scratch.emplace(where..., bytes, zeroed, call.stream);
+  *call.workspace = scratch->pointer();
+}
+
 void run_operator(const OperatorCall& call) {
   if (launch_vendor() == Vendor::kAmd) {
     const Platform& platform = hip::device_platform(call.device);
     const auto kernel = find_loaded(call, platform, &platform);
-    if (kernel->spec->workspace_bytes || kernel->spec->tensor_maps) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs a workspace or tensor maps, which kiln provides on NVIDIA only", kernel->spec->name));
+    if (kernel->spec->tensor_maps) {
+      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs tensor maps, which kiln provides on NVIDIA only", kernel->spec->name));
     }
-    hip::launch(call.device, kernel->hip_function.function, kernel->spec->launch_shape(call.params, platform), call.params,
-                call.stream, kernel->spec->name);
+    const LaunchShape shape = kernel->spec->launch_shape(call.params, platform);
+    std::optional<hip::StreamScratch> scratch;  // freed on the stream after the launch
+    attach_workspace(*kernel, call, platform, scratch, call.device);
+    hip::launch(call.device, kernel->hip_function.function, shape, call.params, call.stream, kernel->spec->name);
     return;
   }
   cuda::Device& dev = cuda::device(call.device);
@@ -293,17 +312,7 @@ void run_operator(const OperatorCall& call) {
   const auto kernel = find_loaded(call, dev.platform, context.get());
   const LaunchShape shape = kernel->spec->launch_shape(call.params, dev.platform);
   std::optional<cuda::StreamScratch> scratch;  // freed on the stream after the launch
-  if (kernel->spec->workspace_bytes) {
-    if (call.workspace == nullptr) {
-      throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel->spec->name));
-    }
-    const size_t bytes = kernel->spec->workspace_bytes(call.params, dev.platform);
-    if (bytes > 0) {  // 0: this call needs none (an unsplit decode), and the field stays null
-      const size_t zeroed = kernel->spec->workspace_zeroed_bytes ? kernel->spec->workspace_zeroed_bytes(call.params, dev.platform) : bytes;
-      scratch.emplace(bytes, zeroed, call.stream);
-      *call.workspace = scratch->pointer();
-    }
-  }
+  attach_workspace(*kernel, call, dev.platform, scratch);
   if (kernel->spec->tensor_maps) {
     for (const TensorMapRequest& map : kernel->spec->tensor_maps(call.params, dev.platform)) {
       cuda::encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);

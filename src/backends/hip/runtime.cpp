@@ -1,5 +1,6 @@
 #include "backends/hip/runtime.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -29,6 +30,11 @@ using ModuleGetFunction = hipError_t (*)(void**, void*, const char*);
 using ModuleUnload = hipError_t (*)(void*);
 using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                           unsigned, void*, void**, void**);
+using ModuleLaunchCooperativeKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                                     unsigned, void*, void**);
+using MallocAsync = hipError_t (*)(void**, size_t, void*);
+using FreeAsync = hipError_t (*)(void*, void*);
+using MemsetD8Async = hipError_t (*)(void*, unsigned char, size_t, void*);
 
 const OptionalLibrary& runtime_library() {
   static const OptionalLibrary lib = load_optional_library(
@@ -165,24 +171,58 @@ void unload(const LoadedFunction& f) {
 
 void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name) {
-  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch || shape.cooperative) {
+  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch) {
     throw Error(ErrorCode::kUnsupported,
-                fmt::format("kernel '{}' asks for a thread-block cluster, programmatic dependent launch or a cooperative "
-                            "launch, which kiln's AMD backend does not do", kernel_name));
+                fmt::format("kernel '{}' asks for a thread-block cluster or programmatic dependent launch, which kiln's AMD "
+                            "backend does not do", kernel_name));
   }
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   set_device(index);
   // No opt-in for dynamic LDS on AMD: a module kernel may use up to the device's LDS size.
   void* args[] = {const_cast<void*>(params)};
-  const hipError_t result = KILN_HIP_FN(ModuleLaunchKernel, "hipModuleLaunchKernel")(
-      function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
-      shape.dynamic_shared_bytes, stream, args, nullptr);
+  hipError_t result;
+  if (shape.cooperative) {
+    ModuleLaunchCooperativeKernel cooperative = nullptr;
+    try {
+      cooperative = KILN_HIP_FN(ModuleLaunchCooperativeKernel, "hipModuleLaunchCooperativeKernel");
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kUnsupported,
+                  fmt::format("kernel '{}' needs a cooperative launch (hipModuleLaunchCooperativeKernel, ROCm 6 and newer), "
+                              "which the HIP runtime {} lacks: {}", kernel_name, runtime_library_path(), e.what()));
+    }
+    result = cooperative(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
+                         shape.dynamic_shared_bytes, stream, args);
+  } else {
+    result = KILN_HIP_FN(ModuleLaunchKernel, "hipModuleLaunchKernel")(function, shape.grid[0], shape.grid[1], shape.grid[2],
+                                                                      shape.block[0], shape.block[1], shape.block[2],
+                                                                      shape.dynamic_shared_bytes, stream, args, nullptr);
+  }
   if (result != kHipSuccess) {
     throw Error(ErrorCode::kDriverError,
-                fmt::format("launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}", kernel_name,
-                            shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
-                            shape.dynamic_shared_bytes, describe(result)));
+                fmt::format("{}launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
+                            shape.cooperative ? "cooperative " : "", kernel_name, shape.grid[0], shape.grid[1], shape.grid[2],
+                            shape.block[0], shape.block[1], shape.block[2], shape.dynamic_shared_bytes, describe(result)));
   }
 }
+
+StreamScratch::StreamScratch(int index, size_t bytes, size_t zeroed_bytes, Stream stream) : stream_(stream) {
+  // KILN_POISON_WORKSPACE=1: the bytes past `zeroed_bytes` become 0xFF, as on NVIDIA. Read before
+  // allocating: a malformed value throws.
+  const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
+  set_device(index);
+  check(KILN_HIP_FN(MallocAsync, "hipMallocAsync")(&pointer_, bytes, stream_), "hipMallocAsync");
+  zeroed_bytes = std::min(zeroed_bytes, bytes);
+  const auto memset = KILN_HIP_FN(MemsetD8Async, "hipMemsetD8Async");
+  hipError_t cleared = zeroed_bytes ? memset(pointer_, 0, zeroed_bytes, stream_) : kHipSuccess;
+  if (cleared == kHipSuccess && poison && zeroed_bytes < bytes) {
+    cleared = memset(static_cast<unsigned char*>(pointer_) + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream_);
+  }
+  if (cleared != kHipSuccess) {
+    KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer_, stream_);
+    check(cleared, "hipMemsetD8Async");
+  }
+}
+
+StreamScratch::~StreamScratch() { KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer_, stream_); }
 
 }  // namespace kiln::detail::hip

@@ -34,8 +34,26 @@ LoadedFunction load_function(int index, const std::vector<uint8_t>& code_object,
 void unload(const LoadedFunction& f);
 
 // Launches with one parameter block passed by value. Clusters and programmatic dependent launch
-// do not exist on AMD: a shape asking for them is an error (kUnsupported).
+// do not exist on AMD: a shape asking for them is an error (kUnsupported). A cooperative shape
+// goes through hipModuleLaunchCooperativeKernel (ROCm 6 and newer), which fails rather than
+// deadlock when the grid cannot be resident at once; a runtime without it is a clear error.
 void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
             const std::string& kernel_name);
+
+// A kernel's scratch on device `index`, allocated on `stream` (hipMallocAsync, from the device's
+// default memory pool), its first `zeroed_bytes` cleared on the stream, freed on the stream when
+// destroyed: the AMD counterpart of cuda::StreamScratch, with the same KILN_POISON_WORKSPACE.
+class StreamScratch {
+ public:
+  StreamScratch(int index, size_t bytes, size_t zeroed_bytes, Stream stream);
+  ~StreamScratch();
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* pointer() const { return pointer_; }
+
+ private:
+  void* pointer_ = nullptr;
+  Stream stream_;
+};
 
 }  // namespace kiln::detail::hip

@@ -1,0 +1,344 @@
+// MoE layer on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) with bf16 or MXFP4
+// weights and bf16 activations, the reference's semantics. COMPILE-VERIFIED ONLY: no AMD GPU has
+// run it, so neither its numerics nor its speed are known.
+//
+// One cooperative launch, a workgroup of 8 wavefronts per CU, five phases between grid-wide
+// barriers, in moe_stream's workspace layout (moe/stream_workspace.h):
+//   1. route: a thread per token picks its experts (route_token) and counts them per expert;
+//   2. group: each workgroup prefixes the counts in LDS, and the (token, slot) pairs are scattered
+//      into per-expert lists. Their order inside a list varies from run to run; the results do
+//      not, since each pair's column of a product is computed on its own;
+//   3. up: a workgroup per item (expert, 16 intermediate units, 32 of the expert's pairs): the 16
+//      gate and 16 up rows of w13 times the pairs' x rows, then bias and activation; act in bf16;
+//   4. down: a workgroup per item (expert, 32 rows of w2, 32 pairs): y = W2 act + bias, in f32;
+//   5. combine: out = the sum over each token's slots of weight x y, in slot order.
+// An item's product is the attention kernels' transposed one (common/mfma.cuh): weight rows are
+// A's 32 rows, pairs are B's 32 columns. Its K range is dealt over the 8 wavefronts in 64-deep
+// chunks (wavefront w takes chunks w, w + 8, ...: together they read 512 consecutive values of
+// each row), and the partial products meet in LDS, summed in wavefront order. Within a chunk,
+// lane (row, half h) streams the row's 32 values from h * 32 on and feeds them to the MFMAs
+// kMfmaHalfK at a time; B takes the same values of the activations, which only reorders the sum
+// over K.
+// Launch: cooperative, grid = CUs, block 512; the workspace's leading counters (the barrier's
+// arrivals, counts and fill) zeroed, the rest written before it is read.
+#pragma once
+
+#include "common/mfma.cuh"
+#include "moe/moe_common.cuh"
+#include "moe/stream_workspace.h"
+
+namespace kiln {
+
+#if defined(KILN_AMD)
+
+enum { kMoeMfmaWaves = 8, kMoeMfmaMaxExperts = 256, kMoeMfmaChunk = 64, kMoeMfmaSpan = 32 };
+
+typedef u32 moe_words4 __attribute__((ext_vector_type(4)));
+
+// This lane's 32 values of a chunk, as 16 packed bf16 pairs (value 2i in the low half of word i).
+struct MoeSpan {
+  u32 w[kMoeMfmaSpan / 2];
+};
+
+// One lane's row of a product: a weight row (bf16 values, or MXFP4's packed e2m1 bytes and the
+// row's e8m0 scales) or an activation row (bf16). Null values: a row past the matrix (zeros).
+struct MoeRow {
+  const void* values;
+  const u8* scales;
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15u) == 0; }
+
+// 16 bytes at p, which lies in global memory: kiln's pointers are generic, and a generic load is a
+// flat_load, which also waits on the LDS counter; this one is a global_load_dwordx4.
+__device__ __forceinline__ moe_words4 load_global16(const void* p) {
+  return *(const __attribute__((address_space(1))) moe_words4*)(p);  // an address-space cast
+}
+
+// Values k .. k + 31 of a bf16 row, zeros past K: four 16-byte loads where the span is whole and
+// aligned, element loads otherwise.
+__device__ __forceinline__ void load_bf16_span(const void* row, int k, int K, MoeSpan& s) {
+  const u16* values = static_cast<const u16*>(row);
+  if (values != nullptr && k + kMoeMfmaSpan <= K && aligned16(values + k)) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const moe_words4 x = load_global16(values + k + 8 * q);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s.w[4 * q + i] = x[i];
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {
+    const int at = k + 2 * i;
+    const u32 lo = values != nullptr && at < K ? values[at] : 0u;
+    const u32 hi = values != nullptr && at + 1 < K ? values[at + 1] : 0u;
+    s.w[i] = lo | (hi << 16);
+  }
+}
+
+// An e2m1 value (one nibble) times a scale, as bf16 bits. Exact: the product has at most two
+// significant bits, so truncating its f32 bits loses nothing (beyond f32's range it is infinite,
+// and a NaN scale gives NaN); products below f32's normal range need the GPU to keep f32
+// subnormals.
+__device__ __forceinline__ u32 e2m1_scaled_bf16(u32 nibble, float scale) {
+  const u32 e = (nibble >> 1) & 3u, m = nibble & 1u;
+  const u32 magnitude = e != 0u ? ((e + 126u) << 23) | (m << 22) : m * 0x3F000000u;
+  return __float_as_uint(__uint_as_float(magnitude | ((nibble & 8u) << 28)) * scale) >> 16;
+}
+
+// Values k .. k + 31 of an MXFP4 row: 16 bytes, one scale. K is a multiple of 32 (moe_apply
+// checks), so a span lies wholly inside the row or wholly past it (zeros).
+__device__ __forceinline__ void load_mxfp4_span(const MoeRow& row, int k, int K, MoeSpan& s) {
+  if (row.values == nullptr || k >= K) {
+#pragma unroll
+    for (int i = 0; i < kMoeMfmaSpan / 2; ++i) s.w[i] = 0u;
+    return;
+  }
+  const float scale = e8m0_to_float(row.scales[k / 32]);
+  const u8* bytes = static_cast<const u8*>(row.values) + k / 2;
+  u32 words[4];
+  if (aligned16(bytes)) {
+    const moe_words4 v = load_global16(bytes);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) words[q] = v[q];
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      words[q] = u32(bytes[4 * q]) | (u32(bytes[4 * q + 1]) << 8) | (u32(bytes[4 * q + 2]) << 16) | (u32(bytes[4 * q + 3]) << 24);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {  // byte i: value 2i in its low nibble, 2i + 1 in its high
+    const u32 byte = (words[i / 4] >> (8 * (i % 4))) & 0xFFu;
+    s.w[i] = e2m1_scaled_bf16(byte & 0xFu, scale) | (e2m1_scaled_bf16(byte >> 4, scale) << 16);
+  }
+}
+
+template <int kFormat>
+__device__ __forceinline__ void load_weight_span(const MoeRow& row, int k, int K, MoeSpan& s) {
+  if (kFormat == kWeightsMxfp4) load_mxfp4_span(row, k, K, s);
+  else load_bf16_span(row.values, k, K, s);
+}
+
+// This wavefront's share of an item's product over K: its chunks of the lane's weight row `a`
+// and activation row `b`, the next chunk's loads issued before the current one's MFMAs.
+template <int kFormat>
+__device__ mfma_f32x16 partial_product(const MoeRow& a, const void* b, int K, int wave, int h) {
+  mfma_f32x16 acc = {};
+  const int chunks = (K + kMoeMfmaChunk - 1) / kMoeMfmaChunk;
+  MoeSpan a_span = {}, b_span = {}, a_next = {}, b_next = {};
+  if (wave < chunks) {
+    load_weight_span<kFormat>(a, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_span);
+    load_bf16_span(b, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_span);
+  }
+  for (int c = wave; c < chunks; c += kMoeMfmaWaves) {
+    const int next = c + kMoeMfmaWaves;
+    if (next < chunks) {
+      load_weight_span<kFormat>(a, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_next);
+      load_bf16_span(b, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_next);
+    }
+#pragma unroll
+    for (int step = 0; step < kMoeMfmaSpan / kMfmaHalfK; ++step) {
+      acc = mfma_32x32_bf16_words(&a_span.w[step * kMfmaHalfK / 2], &b_span.w[step * kMfmaHalfK / 2], acc);
+    }
+    a_span = a_next;
+    b_span = b_next;
+  }
+  return acc;
+}
+
+// Weight row `row` of expert e (valid: inside the matrix).
+template <int kFormat>
+__device__ __forceinline__ MoeRow weight_row(const void* w, const u8* scales, long long expert_stride, long long row_stride,
+                                             long long scale_expert_stride, long long scale_row_stride, int e, int row, bool valid) {
+  if (!valid) return MoeRow{nullptr, nullptr};
+  const long long at = e * expert_stride + row * row_stride;
+  if (kFormat == kWeightsMxfp4) return MoeRow{static_cast<const u8*>(w) + at, scales + e * scale_expert_stride + row * scale_row_stride};
+  return MoeRow{static_cast<const u16*>(w) + at, nullptr};
+}
+
+// The exclusive sum of v over the lanes below this one, within a wavefront.
+__device__ __forceinline__ int wave_exclusive_sum(int v, int lane) {
+  int inclusive = v;
+#pragma unroll
+  for (int d = 1; d < 64; d <<= 1) {
+    const int other = __builtin_amdgcn_ds_bpermute((lane - d) << 2, inclusive);
+    if (lane >= d) inclusive += other;
+  }
+  return inclusive - v;
+}
+
+// By one wavefront (four experts a lane): pair_start[0..E] and tile_start[0..E], the exclusive
+// prefixes over the experts of their routed pairs and 32-pair tiles.
+__device__ __forceinline__ void prefix_counts(const int* counts, int E, int lane, int* pair_start, int* tile_start) {
+  int c[4], pairs = 0, tiles = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = 4 * lane + i;
+    c[i] = e < E ? counts[e] : 0;
+    pairs += c[i];
+    tiles += (c[i] + 31) / 32;
+  }
+  int pairs_before = wave_exclusive_sum(pairs, lane), tiles_before = wave_exclusive_sum(tiles, lane);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = 4 * lane + i;
+    if (e < E) pair_start[e] = pairs_before, tile_start[e] = tiles_before;
+    pairs_before += c[i];
+    tiles_before += (c[i] + 31) / 32;
+    if (e + 1 == E) pair_start[E] = pairs_before, tile_start[E] = tiles_before;
+  }
+}
+
+// A grid-wide barrier over the cooperative launch's workgroups: a monotonic arrival count in the
+// workspace (zero at launch); the n-th barrier waits until it reaches n x workgroups. The agent
+// fences publish this workgroup's writes before it arrives and, once all have, drop the CU's
+// stale L1 lines before anything is read.
+__device__ __forceinline__ void grid_barrier(unsigned* arrivals, unsigned& target) {
+  target += gridDim.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");
+    __atomic_fetch_add(arrivals, 1u, __ATOMIC_RELAXED);
+    while (__atomic_load_n(arrivals, __ATOMIC_RELAXED) < target) __builtin_amdgcn_s_sleep(1);
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent");
+  }
+  __syncthreads();
+}
+
+// Item `item` of a product phase with `blocks` row blocks per expert: the expert, the row block,
+// and the first of the (at most 32) pairs of the expert's list that are its columns. An expert's
+// tiles are adjacent items, so neighbouring workgroups read the same weight rows at about the
+// same time.
+struct MoeItem {
+  int expert, block, pair0, columns;
+};
+__device__ __forceinline__ MoeItem moe_item(const int* tile_start, const int* pair_start, int E, int item, int blocks) {
+  MoeItem it;
+  it.expert = find_expert(tile_start, E, item, blocks);
+  const int tiles = tile_start[it.expert + 1] - tile_start[it.expert];
+  const int rem = item - tile_start[it.expert] * blocks;
+  it.block = rem / tiles;
+  it.pair0 = pair_start[it.expert] + 32 * (rem % tiles);
+  it.columns = min(32, pair_start[it.expert + 1] - it.pair0);
+  return it;
+}
+
+template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
+__global__ void __launch_bounds__(512) moe_mfma(const KilnMoeParams p) {
+  __shared__ int pair_start[kMoeMfmaMaxExperts + 1], tile_start[kMoeMfmaMaxExperts + 1];
+  __shared__ float partial[kMoeMfmaWaves][16][64];  // each wavefront's accumulators, by register and lane
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 63, wave = tid >> 6, col = lane & 31, h = lane >> 5;
+  const int T = p.num_tokens, k = p.top_k, E = p.num_experts, H = p.hidden, I = p.intermediate;
+  const int threads = static_cast<int>(gridDim.x * blockDim.x), first = static_cast<int>(blockIdx.x * blockDim.x) + tid;
+  const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(T, k, E, H, I);
+  unsigned char* ws = static_cast<unsigned char*>(p.workspace);
+  unsigned* arrivals = reinterpret_cast<unsigned*>(ws + layout.gemm_counters);
+  int* counts = reinterpret_cast<int*>(ws + layout.counts);
+  int* fill = reinterpret_cast<int*>(ws + layout.fill);
+  int* ids = reinterpret_cast<int*>(ws + layout.ids);
+  float* weights = reinterpret_cast<float*>(ws + layout.weights);
+  int* pairs = reinterpret_cast<int*>(ws + layout.pairs);
+  u16* act = reinterpret_cast<u16*>(ws + layout.act);  // [T * k, I] bf16
+  float* y = reinterpret_cast<float*>(ws + layout.y);  // [T * k, H]
+  unsigned barrier_target = 0;
+
+  // 1. Route; ids outside [0, E) become -1 and contribute nothing.
+  for (int t = first; t < T; t += threads) {
+    route_token<kRouting, kLogitsBf16>(p, t, ids + t * k, weights + t * k);
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[t * k + j];
+      if (e < 0 || e >= E) ids[t * k + j] = -1;
+      else __atomic_fetch_add(&counts[e], 1, __ATOMIC_RELAXED);
+    }
+  }
+  grid_barrier(arrivals, barrier_target);
+
+  // 2. Group.
+  if (wave == 0) prefix_counts(counts, E, lane, pair_start, tile_start);
+  __syncthreads();
+  for (int q = first; q < T * k; q += threads) {
+    const int e = ids[q];
+    if (e >= 0) pairs[pair_start[e] + __atomic_fetch_add(&fill[e], 1, __ATOMIC_RELAXED)] = q;
+  }
+  grid_barrier(arrivals, barrier_target);
+
+  // The epilogues' thread: accumulator registers r and r + 8 of lane l, summed over the wavefronts.
+  const int er = tid >> 6, el = tid & 63, ecol = el & 31, eh = el >> 5;
+  auto reduced = [&](int r) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMoeMfmaWaves; ++w) sum += partial[w][r][el];
+    return sum;
+  };
+  auto keep_partial = [&](const mfma_f32x16& acc) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) partial[wave][r][lane] = acc[r];
+    __syncthreads();
+  };
+  const int tiles = tile_start[E];
+
+  // 3. Up: A rows 0-15 are the gate rows of the block's 16 units, rows 16-31 their up rows, so
+  // accumulator registers r and r + 8 (r < 8) hold one unit's gate and up.
+  const int unit_blocks = (I + 15) / 16;
+  for (int item = static_cast<int>(blockIdx.x); item < tiles * unit_blocks; item += static_cast<int>(gridDim.x)) {
+    const MoeItem it = moe_item(tile_start, pair_start, E, item, unit_blocks);
+    const int q = col < it.columns ? pairs[it.pair0 + col] : -1;
+    const int u = 16 * it.block + (col & 15);
+    const GateUpRows rows = gate_up_rows<kLayout>(min(u, I - 1), I);
+    const MoeRow a = weight_row<kFormat>(p.w13, p.w13_scale, p.w13_expert_stride, p.w13_row_stride, p.w13_scale_expert_stride,
+                                         p.w13_scale_row_stride, it.expert, col < 16 ? rows.gate : rows.up, u < I);
+    const u16* x_row = q >= 0 ? static_cast<const u16*>(p.x) + (q / k) * p.x_row_stride : nullptr;
+    keep_partial(partial_product<kFormat>(a, x_row, H, wave, h));
+    const int eq = ecol < it.columns ? pairs[it.pair0 + ecol] : -1;
+    const int unit = 16 * it.block + 8 * (er / 4) + 4 * eh + er % 4;
+    if (eq >= 0 && unit < I) {
+      const GateUpRows unit_rows = gate_up_rows<kLayout>(unit, I);
+      const long long bias_at = it.expert * p.w13_bias_expert_stride;
+      const float gate = reduced(er) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.gate);
+      const float up = reduced(er + 8) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.up);
+      act[static_cast<long long>(eq) * I + unit] = from_float<bf16>(glu_activation<kActivation>(gate, up)).bits;
+    }
+    __syncthreads();
+  }
+  grid_barrier(arrivals, barrier_target);
+
+  // 4. Down: A rows are 32 rows of w2; accumulator register r holds row 8 (r / 4) + 4 h + r % 4.
+  const int row_blocks = (H + 31) / 32;
+  for (int item = static_cast<int>(blockIdx.x); item < tiles * row_blocks; item += static_cast<int>(gridDim.x)) {
+    const MoeItem it = moe_item(tile_start, pair_start, E, item, row_blocks);
+    const int q = col < it.columns ? pairs[it.pair0 + col] : -1;
+    const int row = 32 * it.block + col;
+    const MoeRow a = weight_row<kFormat>(p.w2, p.w2_scale, p.w2_expert_stride, p.w2_row_stride, p.w2_scale_expert_stride,
+                                         p.w2_scale_row_stride, it.expert, row, row < H);
+    keep_partial(partial_product<kFormat>(a, q >= 0 ? act + static_cast<long long>(q) * I : nullptr, I, wave, h));
+    const int eq = ecol < it.columns ? pairs[it.pair0 + ecol] : -1;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = er + 8 * half, out_row = 32 * it.block + 8 * (r / 4) + 4 * eh + r % 4;
+      if (eq >= 0 && out_row < H) {
+        y[static_cast<long long>(eq) * H + out_row] = reduced(r) + moe_bias<kBias2>(p.w2_bias, it.expert * p.w2_bias_expert_stride + out_row);
+      }
+    }
+    __syncthreads();
+  }
+  grid_barrier(arrivals, barrier_target);
+
+  // 5. Combine.
+  u16* out = static_cast<u16*>(p.out);
+  for (long long i = first; i < static_cast<long long>(T) * H; i += threads) {
+    const int t = static_cast<int>(i / H), column = static_cast<int>(i % H);
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int q = t * k + j;
+      if (ids[q] >= 0) sum += weights[q] * y[static_cast<long long>(q) * H + column];
+    }
+    out[t * p.out_row_stride + column] = from_float<bf16>(sum).bits;
+  }
+}
+
+#endif  // KILN_AMD
+
+}  // namespace kiln
