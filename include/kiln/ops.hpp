@@ -92,9 +92,10 @@ struct MhaDecodeArgs {
 //   kE8M0 [E, H, I/32]; each scale covers 32 consecutive values along the reduction dimension.
 //   activation kSiluGlu: silu(gate) * up. kSwigluClamped (GPT-OSS): gate = min(gate, 7),
 //   up = clamp(up, -7, 7), gate * sigmoid(1.702 * gate) * (up + 1).
-//   Memory: on NVIDIA the fast kernel (moe.apply.stream) takes T * k * (H + I) * 4 bytes plus a
-//   little of device scratch, allocated on `stream` from the device's default memory pool and
-//   freed on it after the launch (755 MB for GPT-OSS-120B at T = 8192). Device-resident topk_ids
+//   Memory: the fast kernels (moe.apply.stream on NVIDIA, moe.apply.mfma on AMD) take
+//   T * k * (H + I) * 4 bytes plus a little of device scratch, allocated on `stream` from the
+//   device's default memory pool and freed on it after the launch (755 MB for GPT-OSS-120B at
+//   T = 8192). Device-resident topk_ids
 //   outside [0, E) contribute nothing (host-resident ones are checked).
 //   Numerics (moe.apply.stream): the projections run on tensor cores with f32 accumulation, and
 //   the activated intermediate is rounded to bf16 between them. On Hopper (sm_90a), with bf16
@@ -104,6 +105,9 @@ struct MhaDecodeArgs {
 //   multiplied by their scale in bf16, exactly: every e2m1 value times every e8m0 scale is a bf16
 //   or beyond even f32's range (then infinite), and scale 0xFF gives NaN (checked bit for bit on
 //   the GPU).
+//   moe.apply.mfma (AMD; compile-verified only, never run) is written to the same numerics as
+//   the streaming phases: f32 accumulation, act in bf16, y in f32, MXFP4 values times their scale
+//   in bf16.
 enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
 enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
 enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };
