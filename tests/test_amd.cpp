@@ -115,6 +115,10 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
         EXPECT_EQ(k.kernel, "attention.decode.mfma");
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
+        // A split pair's ranges merge through the workspace: a ticket drawn after an agent-scope
+        // release, the last range's reads after an acquire that invalidates the caches.
+        EXPECT_NE(text.find("global_atomic_add"), std::string::npos);
+        EXPECT_NE(text.find("buffer_inv"), std::string::npos);
       }
       if (sig.op().mode == kModeApply) {
         // The matrix-core MoE kernel: the same MFMAs in bf16 (MXFP4 decoded to bf16 first), 16-byte

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "attention/decode_workspace.h"
 #include "attention/params.h"
 #include "moe/params.h"
 #include "moe/stream_workspace.h"
@@ -293,6 +294,33 @@ TEST(Selector, MoeStreamUpTo256Experts) {
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), 0u);
   p.num_tokens = 17;
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, sm90), size_t{256 + 2 * 512});
+}
+
+// Decode on AMD: a batch whose (sequence, KV head) pairs leave CUs idle is split into ranges,
+// two workgroups a CU, at least 256 keys of the longest context each; the ranges' states go to
+// the workspace, whose tickets alone are cleared. Pairs that fill the CUs run unsplit.
+TEST(Selector, AmdDecodeSplitsSmallBatches) {
+  const auto spec = Registry::global().find("attention.decode.mfma");
+  ASSERT_TRUE(spec && spec->workspace_bytes && spec->workspace_zeroed_bytes);
+  Platform mi300x = platform_for_target("gfx942");
+  mi300x.multiprocessor_count = 304;
+  KilnDecodeParams p{};
+  p.batch = 1, p.q_len = 1, p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.page_size = 16, p.max_pages_per_seq = 8192;
+  auto grid = [&]() {
+    const LaunchShape s = spec->launch_shape(&p, mi300x);
+    return std::array<uint32_t, 4>{s.grid[0], s.grid[1], s.grid[2], s.block[0]};
+  };
+  EXPECT_EQ(grid(), (std::array<uint32_t, 4>{76, 8, 1, 256}));  // 2 x 304 / 8 pairs
+  EXPECT_EQ(spec->workspace_bytes(&p, mi300x), static_cast<size_t>(kiln_decode_workspace_bytes(1, 8, 76, 8, 64)));
+  EXPECT_EQ(spec->workspace_zeroed_bytes(&p, mi300x), size_t{256});
+  p.max_pages_per_seq = 40;  // 640 keys: two ranges of at least 256
+  EXPECT_EQ(grid(), (std::array<uint32_t, 4>{2, 8, 1, 256}));
+  p.max_pages_per_seq = 8;  // 128 keys: unsplit
+  EXPECT_EQ(grid(), (std::array<uint32_t, 4>{1, 8, 1, 256}));
+  EXPECT_EQ(spec->workspace_bytes(&p, mi300x), 0u);
+  p.batch = 64, p.max_pages_per_seq = 256;  // 512 pairs fill 304 CUs
+  EXPECT_EQ(grid(), (std::array<uint32_t, 4>{1, 8, 64, 256}));
+  EXPECT_EQ(spec->workspace_bytes(&p, mi300x), 0u);
 }
 
 // MoE on AMD: the matrix-core kernel up to 256 experts (one wavefront prefixes the counts, four a

@@ -1,18 +1,21 @@
 // Paged decode attention on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) for a
 // 16-bit cache, same semantics as the reference. COMPILE-VERIFIED ONLY: no AMD GPU has run it.
 //
-// A workgroup of 4 wavefronts owns one (sequence, KV head). The query rows that share the KV head
-// (q_len x group, at most 16; row r = query j * group + head g) are the columns of prefill_mfma's
-// transposed products, columns past the rows being zeros:
+// A workgroup of 4 wavefronts owns one range of one (sequence, KV head) pair. The query rows that
+// share the KV head (q_len x group, at most 16; row r = query j * group + head g) are the columns
+// of prefill_mfma's transposed products, columns past the rows being zeros:
 //   S^T = K Q^T  (32 keys x 32 rows): lane l holds row l % 32 and 16 of the block's keys;
 //   O^T = V^T P^T (D dims x 32 rows).
-// Wavefront w walks the 32-key blocks w, w + 4, ... of the sequence (from the window's start),
-// looking each key's page up in the page table; the four softmax states merge in LDS. There is no
-// split over workgroups (no AMD combine pass is written yet), so a batch with fewer (sequence,
-// KV head) pairs than CUs leaves CUs idle.
-// Launch: grid (1, Hkv, batch), block 256.
+// Wavefront w walks the 32-key blocks w, w + 4, ... of its range (from the window's start),
+// looking each key's page up in the page table; the four softmax states merge in LDS.
+// Split (grid.x = S > 1, for a batch whose pairs leave CUs idle): the pair's blocks are cut into S
+// ranges of equal blocks, one per workgroup. Each writes its state to the workspace (layout:
+// attention/decode_workspace.h) and takes a ticket; the workgroup that draws the pair's last
+// ticket merges the S states in range order and writes out. No workgroup waits for another.
+// Launch: grid (S, Hkv, batch), block 256.
 #pragma once
 
+#include "attention/decode_workspace.h"
 #include "attention/merge_states.cuh"
 #include "attention/mfma_attention.cuh"
 #include "attention/params.h"
@@ -36,7 +39,7 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
 
   const int lane = static_cast<int>(threadIdx.x) & 63, wave = static_cast<int>(threadIdx.x) >> 6;
   const int col = lane & 31, h = lane >> 5;
-  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int kv_head = blockIdx.y, b = blockIdx.z, split = blockIdx.x, splits = gridDim.x;
   const int len = p.cache_seqlens[b];
   const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
 
@@ -69,8 +72,11 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
   float m_run = neg_inf(), l_run = 0.0f;  // log2 domain; l_run sums this lane's keys only
   const float log2e = 1.4426950408889634f;
   const int first = max(0, len - kQLen - window) / kBlock * kBlock;
+  // This workgroup's blocks: range `split` of the pair's, cut into `splits` of equal blocks.
+  const int blocks = (len - first + kBlock - 1) / kBlock, range_blocks = (blocks + splits - 1) / splits;
+  const int begin = first + split * range_blocks * kBlock, end = min(len, begin + range_blocks * kBlock);
 
-  for (int key0 = first + wave * kBlock; key0 < len; key0 += kWaves * kBlock) {
+  for (int key0 = begin + wave * kBlock; key0 < end; key0 += kWaves * kBlock) {
     // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
     const int a_key = key0 + col;
     const bool a_valid = a_key < len;
@@ -126,10 +132,49 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
   }
   __syncthreads();
 
-  // Merge the wavefronts, add the sink, normalize, store (thread i: (row, dim) pairs i, i + 256, ...).
+  // Merge the wavefronts (thread i: (row, dim) pairs i, i + 256, ...). Unsplit: add the sink,
+  // normalize, store.
+  if (splits == 1) {
+    for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
+      const int r = i / kHeadDim, d = i % kHeadDim;
+      store_decode_row<T, kQLen, kGroup>(p, b, kv_head, r, d, merge_parts(wave_acc, wave_m, wave_l, kWaves, r, d));
+    }
+    return;
+  }
+  // Split: this range's state into its slot, (b Hkv + kv_head) S + split; then the ticket.
+  constexpr long long kStateFloats = kiln_decode_state_floats(kRows, kHeadDim);
+  const long long pair = static_cast<long long>(b) * p.num_heads_kv + kv_head;
+  unsigned char* ws = static_cast<unsigned char*>(p.workspace);
+  int* tickets = reinterpret_cast<int*>(ws);
+  float* states = reinterpret_cast<float*>(ws + kiln_decode_states_offset(static_cast<long long>(p.batch) * p.num_heads_kv)) +
+                  pair * splits * kStateFloats;  // the pair's S states: m[rows], l[rows], acc[rows][D]
+  float* mine = states + split * kStateFloats;
   for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
     const int r = i / kHeadDim, d = i % kHeadDim;
-    store_decode_row<T, kQLen, kGroup>(p, b, kv_head, r, d, merge_parts(wave_acc, wave_m, wave_l, kWaves, r, d));
+    const MergedState st = merge_parts(wave_acc, wave_m, wave_l, kWaves, r, d);
+    if (d == 0) mine[r] = st.m, mine[kRows + r] = st.l;
+    mine[2 * kRows + i] = st.acc;
+  }
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // publish the state (agent scope: other CUs, other XCDs), then count it
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");
+    last = __atomic_fetch_add(&tickets[pair], 1, __ATOMIC_RELAXED) == splits - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent");  // the other ranges' states, not stale lines
+  for (int i = threadIdx.x; i < kRows * kHeadDim; i += blockDim.x) {
+    const int r = i / kHeadDim;
+    MergedState st{neg_inf(), 0.0f, 0.0f};
+    for (int part = 0; part < splits; ++part) st.m = fmaxf(st.m, states[part * kStateFloats + r]);
+    for (int part = 0; part < splits; ++part) {
+      const float* state = states + part * kStateFloats;
+      const float c = rescale(state[r], st.m);
+      st.l += state[kRows + r] * c;
+      st.acc += state[2 * kRows + i] * c;
+    }
+    store_decode_row<T, kQLen, kGroup>(p, b, kv_head, r, i % kHeadDim, st);
   }
 }
 

@@ -6,6 +6,8 @@
 //   states   from kiln_decode_states_offset(batch * Hkv), 256-byte aligned, G x Hkv slots (range
 //            g against KV head h in slot g Hkv + h): float m[rows] (natural log), l[rows],
 //            acc[rows][head_dim], where rows = q_len x group
+// AMD's decode_mfma.cuh uses the same regions with grid (S, Hkv, batch): S x batch ranges, the
+// pair (b, h)'s S states in slots (b Hkv + h) S + s.
 #pragma once
 
 #include "common/host_device.h"
