@@ -110,8 +110,8 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
       }
-      if (sig.op().mode == kModeDecode && sig.get("kv_dtype") != "e4m3") {
-        // The matrix-core decode kernel, the same instructions (an e4m3 cache stays on the reference).
+      if (sig.op().mode == kModeDecode) {
+        // The matrix-core decode kernel, the same instructions (an e4m3 cache widened to q's type).
         EXPECT_EQ(k.kernel, "attention.decode.mfma");
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;

@@ -1,5 +1,7 @@
 // Paged decode attention on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) for a
-// 16-bit cache, same semantics as the reference. COMPILE-VERIFIED ONLY: no AMD GPU has run it.
+// cache of q's 16-bit type or of e4m3 (widened to q's type exactly; k_scale joins the scores'
+// scale, v_scale the output's), same semantics as the reference. COMPILE-VERIFIED ONLY: no AMD
+// GPU has run it.
 //
 // A workgroup of 4 wavefronts owns one range of one (sequence, KV head) pair. The query rows that
 // share the KV head (q_len x group, at most 16; row r = query j * group + head g) are the columns
@@ -26,8 +28,9 @@ namespace kiln {
 
 #if defined(KILN_AMD)
 
-template <typename T, int kHeadDim, int kQLen, int kGroup>
+template <typename T, typename KvT, int kHeadDim, int kQLen, int kGroup>
 __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
+  constexpr bool kFp8Cache = __is_same(KvT, e4m3);
   constexpr int kRows = kQLen * kGroup;  // <= 16
   constexpr int kWaves = 4;
   constexpr int kBlock = 32;                  // keys per block
@@ -63,8 +66,7 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
   auto v_row_of = [&](int key) -> long long {
     return pages[key / p.page_size] * p.v_page_stride + (key % p.page_size) * p.v_row_stride + kv_head * p.v_head_stride;
   };
-  const u16* k_cache = static_cast<const u16*>(p.k_cache);
-  const u16* v_cache = static_cast<const u16*>(p.v_cache);
+  const float score_scale = kFp8Cache ? p.softmax_scale * p.k_scale : p.softmax_scale;
 
   mfma_f32x16 o[kDBlocks];
 #pragma unroll
@@ -80,14 +82,13 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
     // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
     const int a_key = key0 + col;
     const bool a_valid = a_key < len;
-    const u16* k_row = k_cache + (a_valid ? k_row_of(a_key) : 0);
-    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, a_valid, h, qb);
+    const mfma_f32x16 s = mfma_scores_transposed<T, kKSteps, KvT>(p.k_cache, a_valid ? k_row_of(a_key) : 0, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's row.
     float x[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const int key = key0 + 8 * (r / 4) + 4 * h + r % 4, rel = key - (len - kQLen);
-      float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
+      float v = softcap_score(s[r] * score_scale, p.softcap) * log2e;
       if (!row_valid || key >= len || rel > j || rel < j - window) v = neg_inf();
       x[r] = v;
     }
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
       for (int d = 0; d < kDBlocks; ++d) {
         u16 va[kMfmaHalfK];
 #pragma unroll
-        for (int i = 0; i < kMfmaHalfK; ++i) va[i] = v_rows[i] >= 0 ? v_cache[v_rows[i] + 32 * d + col] : u16(0);
+        for (int i = 0; i < kMfmaHalfK; ++i) va[i] = v_rows[i] >= 0 ? cache_bits<T, KvT>(p.v_cache, v_rows[i] + 32 * d + col) : u16(0);
         o[d] = mfma_32x32<T>(va, pb, o[d]);
       }
     }
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(256) decode_mfma(const KilnDecodeParams p) {
 #pragma unroll
     for (int d = 0; d < kDBlocks; ++d) {
 #pragma unroll
-      for (int r = 0; r < 16; ++r) wave_acc[wave][col][32 * d + 8 * (r / 4) + 4 * h + r % 4] = o[d][r];
+      for (int r = 0; r < 16; ++r) wave_acc[wave][col][32 * d + 8 * (r / 4) + 4 * h + r % 4] = kFp8Cache ? o[d][r] * p.v_scale : o[d][r];
     }
     if (h == 0) {
       wave_m[wave][col] = m_run == neg_inf() ? neg_inf() : m_run / log2e;

@@ -10,16 +10,26 @@ namespace kiln {
 
 #if defined(KILN_AMD)
 
-// S^T for one key block: A = this lane's K row (key col of the block; zeros when `valid` is false),
-// its dims ks * kMfmaK + h * kMfmaHalfK + i of each step; B = Q^T, `qb` as the kernels load it.
-template <typename T, int kKSteps>
-__device__ __forceinline__ mfma_f32x16 mfma_scores_transposed(const u16* k_row, bool valid, int h, const u16 (&qb)[kKSteps][kMfmaHalfK]) {
+// Element `at` of a K or V cache (`cache` of KvT elements) as the bits of a T: a 16-bit cache as
+// stored, an e4m3 one widened, exactly (every e4m3 value is a bf16 and an f16).
+template <typename T, typename KvT>
+__device__ __forceinline__ u16 cache_bits(const void* cache, long long at) {
+  if constexpr (__is_same(KvT, e4m3)) return from_float<T>(to_float(e4m3{static_cast<const u8*>(cache)[at]})).bits;
+  else return static_cast<const u16*>(cache)[at];
+}
+
+// S^T for one key block: A = this lane's K row (key col of the block, at element `k_row` of a
+// KvT cache; zeros when `valid` is false), its dims ks * kMfmaK + h * kMfmaHalfK + i of each step;
+// B = Q^T, `qb` as the kernels load it.
+template <typename T, int kKSteps, typename KvT = T>
+__device__ __forceinline__ mfma_f32x16 mfma_scores_transposed(const void* cache, long long k_row, bool valid, int h,
+                                                              const u16 (&qb)[kKSteps][kMfmaHalfK]) {
   mfma_f32x16 s = mfma_f32x16{};
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     u16 ka[kMfmaHalfK];
 #pragma unroll
-    for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = valid ? k_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
+    for (int i = 0; i < kMfmaHalfK; ++i) ka[i] = valid ? cache_bits<T, KvT>(cache, k_row + ks * kMfmaK + h * kMfmaHalfK + i) : u16(0);
     s = mfma_32x32<T>(ka, qb[ks], s);
   }
   return s;

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     const int a_key = key0 + col;
     const bool a_valid = a_key < blk.len_k;
     const u16* k_row = k_base + (a_valid ? a_key : 0) * p.k_row_stride;
-    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, a_valid, h, qb);
+    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, 0, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
     float x[16];
 #pragma unroll

@@ -40,12 +40,12 @@ KILN_REGISTER_KERNEL(attention_decode_mfma) {
   spec.requirements.min_arch = 910;  // gfx90a: 32x32x8 bf16_1k MFMA
   spec.requirements.features = {"mma:mfma"};
   spec.source = "attention/decode_mfma.cuh";
-  // A 16-bit cache of q's type, head_dim 64 or 128, at most 16 query rows (q_len x group) per KV
-  // head: they are the columns of a 32-wide product. Any page size.
+  // A cache of q's 16-bit type or of e4m3, head_dim 64 or 128, at most 16 query rows (q_len x
+  // group) per KV head: they are the columns of a 32-wide product. Any page size.
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
-    if (sig.get("kv_dtype") != sig.get("dtype")) {
-      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the reference)", sig.get("kv_dtype"));
+    if (sig.get("kv_dtype") != sig.get("dtype") && sig.get("kv_dtype") != "e4m3") {
+      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype, or e4m3)", sig.get("kv_dtype"));
     }
     if (auto why = detail::check_head_dim_64_or_128(sig)) return why;
     const int64_t rows = sig.get_int("q_len") * sig.get_int("group");
@@ -53,8 +53,8 @@ KILN_REGISTER_KERNEL(attention_decode_mfma) {
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::decode_mfma<kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get_int("head_dim"),
-                                      sig.get_int("q_len"), sig.get_int("group")),
+    return Specialization{fmt::format("kiln::decode_mfma<kiln::{}, kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
+                                      sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group")),
                           {}};
   };
   spec.launch_shape = [](const void* params, const Platform& platform) {
