@@ -265,12 +265,12 @@ __global__ void __launch_bounds__(512) moe_mfma(const KilnMoeParams p) {
   }
   grid_barrier(arrivals, barrier_target);
 
-  // The epilogues' thread: accumulator registers r and r + 8 of lane l, summed over the wavefronts.
-  const int er = tid >> 6, el = tid & 63, ecol = el & 31, eh = el >> 5;
+  // In the epilogues thread (wave, lane) takes accumulator registers wave and wave + 8 of its own
+  // lane, so its column (col, h) and pair q are those it loaded; summed over the wavefronts.
   auto reduced = [&](int r) {
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kMoeMfmaWaves; ++w) sum += partial[w][r][el];
+    for (int w = 0; w < kMoeMfmaWaves; ++w) sum += partial[w][r][lane];
     return sum;
   };
   auto keep_partial = [&](const mfma_f32x16& acc) {
@@ -292,14 +292,13 @@ __global__ void __launch_bounds__(512) moe_mfma(const KilnMoeParams p) {
                                          p.w13_scale_row_stride, it.expert, col < 16 ? rows.gate : rows.up, u < I);
     const u16* x_row = q >= 0 ? static_cast<const u16*>(p.x) + (q / k) * p.x_row_stride : nullptr;
     keep_partial(partial_product<kFormat>(a, x_row, H, wave, h));
-    const int eq = ecol < it.columns ? pairs[it.pair0 + ecol] : -1;
-    const int unit = 16 * it.block + 8 * (er / 4) + 4 * eh + er % 4;
-    if (eq >= 0 && unit < I) {
+    const int unit = 16 * it.block + 8 * (wave / 4) + 4 * h + wave % 4;
+    if (q >= 0 && unit < I) {
       const GateUpRows unit_rows = gate_up_rows<kLayout>(unit, I);
       const long long bias_at = it.expert * p.w13_bias_expert_stride;
-      const float gate = reduced(er) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.gate);
-      const float up = reduced(er + 8) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.up);
-      act[static_cast<long long>(eq) * I + unit] = from_float<bf16>(glu_activation<kActivation>(gate, up)).bits;
+      const float gate = reduced(wave) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.gate);
+      const float up = reduced(wave + 8) + moe_bias<kBias13>(p.w13_bias, bias_at + unit_rows.up);
+      act[static_cast<long long>(q) * I + unit] = from_float<bf16>(glu_activation<kActivation>(gate, up)).bits;
     }
     __syncthreads();
   }
@@ -314,12 +313,11 @@ __global__ void __launch_bounds__(512) moe_mfma(const KilnMoeParams p) {
     const MoeRow a = weight_row<kFormat>(p.w2, p.w2_scale, p.w2_expert_stride, p.w2_row_stride, p.w2_scale_expert_stride,
                                          p.w2_scale_row_stride, it.expert, row, row < H);
     keep_partial(partial_product<kFormat>(a, q >= 0 ? act + static_cast<long long>(q) * I : nullptr, I, wave, h));
-    const int eq = ecol < it.columns ? pairs[it.pair0 + ecol] : -1;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = er + 8 * half, out_row = 32 * it.block + 8 * (r / 4) + 4 * eh + r % 4;
-      if (eq >= 0 && out_row < H) {
-        y[static_cast<long long>(eq) * H + out_row] = reduced(r) + moe_bias<kBias2>(p.w2_bias, it.expert * p.w2_bias_expert_stride + out_row);
+      const int r = wave + 8 * half, out_row = 32 * it.block + 8 * (r / 4) + 4 * h + r % 4;
+      if (q >= 0 && out_row < H) {
+        y[static_cast<long long>(q) * H + out_row] = reduced(r) + moe_bias<kBias2>(p.w2_bias, it.expert * p.w2_bias_expert_stride + out_row);
       }
     }
     __syncthreads();
