@@ -78,6 +78,7 @@ class Kiln:
         self.lib.kiln_last_error.restype = ctypes.c_char_p
         for fn, args in (("kiln_mha_prefill", PrefillArgs), ("kiln_mha_decode_with_kvcache", DecodeArgs), ("kiln_moe_apply", MoeArgs)):
             getattr(self.lib, fn).argtypes = [ctypes.POINTER(args), ctypes.c_void_p]
+        self.lib.kiln_moe_prepare_weights.argtypes = [P, ctypes.c_void_p]
         self.keep = []  # ctypes objects referenced by pointers must outlive the call
 
     def call(self, fn, args):
@@ -255,9 +256,11 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
 
 
 # ---- MoE ---------------------------------------------------------------------------------------
-def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=False, bias=False):
-    """bias: bf16 biases on both projections, as GPT-OSS ships them (the grouped_mm peer stays
-    the two GEMMs alone)."""
+def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_format="bf16", bias=False):
+    """weights_format: bf16, mxfp4, or mxfp4_prepared (the same MXFP4 bytes rewritten by
+    kiln_moe_prepare_weights first). bias: bf16 biases on both projections, as GPT-OSS ships them
+    (the grouped_mm peer stays the two GEMMs alone)."""
+    mxfp4 = weights_format != "bf16"
     g = torch.Generator(device="cuda").manual_seed(13)
     w13 = (torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(H))
     w2 = (torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(I))
@@ -267,6 +270,9 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=Fals
         q2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=g)
         s2 = torch.randint(118, 124, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=g)
         weights = [kt(q13, FP4X2), kt(q2, FP4X2), kt(s13, E8M0), kt(s2, E8M0)]
+        if weights_format == "mxfp4_prepared":
+            for w in weights[:2]:
+                kiln.call("kiln_moe_prepare_weights", w)  # in place; sets w.dtype
         kiln.keep.append((weights, q13, s13, q2, s2))
     else:
         weights = [kt(w13), kt(w2)]
@@ -302,7 +308,7 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, mxfp4=Fals
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids, minlength=E)
         routed.append((x.repeat_interleave(topk, 0)[order], torch.cumsum(counts, 0).to(torch.int32), counts.gt(0).sum().item()))
-    row = {"op": "moe_apply", "shape": f"gpt-oss-120b {'mxfp4' if mxfp4 else 'bf16'}{' bias' if bias else ''} T={T}"}
+    row = {"op": "moe_apply", "shape": f"gpt-oss-120b {weights_format}{' bias' if bias else ''} T={T}"}
     row["kiln"] = timed(lambda i: kiln.call("kiln_moe_apply", sets[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
     w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
     try:
@@ -383,7 +389,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
-    ap.add_argument("--moe-weights", choices=["bf16", "mxfp4"], help="only the MoE rows of this weight format")
+    ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, comma-separated (bf16, mxfp4, mxfp4_prepared)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
@@ -420,12 +426,12 @@ def main():
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
-    moe_rows = [(T, False) for T in (1, 8, 64, 512, 4096, 8192)] + [(T, True) for T in (1, 8)]
-    for T, mxfp4 in moe_rows if args.only in (None, "moe") else ():
-        if (moe_tokens and T not in moe_tokens) or (args.moe_weights and args.moe_weights != ("mxfp4" if mxfp4 else "bf16")):
+    moe_rows = [(T, "bf16") for T in (1, 8, 64, 512, 4096, 8192)] + [(T, w) for w in ("mxfp4", "mxfp4_prepared") for T in (1, 8)]
+    for T, weights_format in moe_rows if args.only in (None, "moe") else ():
+        if (moe_tokens and T not in moe_tokens) or (args.moe_weights and weights_format not in args.moe_weights.split(",")):
             continue
         settle(rows)
-        rows.append(moe_case(kiln, T, l2, quick=args.quick, mxfp4=mxfp4, bias=args.moe_bias))
+        rows.append(moe_case(kiln, T, l2, quick=args.quick, weights_format=weights_format, bias=args.moe_bias))
         print(json.dumps(rows[-1]), flush=True)
     ceil = ceilings()
     os.makedirs(args.out, exist_ok=True)

@@ -326,6 +326,18 @@ TEST(Selector, AmdDecodeSplitsSmallBatches) {
 // MoE on AMD: the matrix-core kernel up to 256 experts (one wavefront prefixes the counts, four a
 // lane), the reference beyond; one cooperative workgroup of 8 wavefronts per CU over moe_stream's
 // workspace, of which only the counters (the barrier's arrivals, counts, fill) are cleared.
+// Prepared MXFP4 weights: the stream kernel on NVIDIA (sm_80 up), the reference on AMD, whose
+// matrix-core kernel reads the standard layout only.
+TEST(Selector, PreparedMxfp4) {
+  const Signature sig = test::moe_signature("mxfp4_prepared", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) EXPECT_EQ(Registry::global().select(sig, platform_for_target(arch))->name, "moe.apply.stream") << arch;
+  const Platform amd = platform_for_target("gfx942");
+  EXPECT_EQ(Registry::global().select(sig, amd)->name, "moe.apply.reference.amd");
+  EXPECT_NE(Registry::global().explain(sig, amd).to_text().find("prepared MXFP4 weights unsupported"), std::string::npos);
+  const Signature unknown = test::moe_signature("mxfp8", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  EXPECT_NE(Registry::global().explain(unknown, platform_for_target("sm_90a")).to_text().find("supported: bf16, mxfp4, mxfp4_prepared"), std::string::npos);
+}
+
 TEST(Selector, MoeMfmaOnAmdUpTo256Experts) {
   for (const char* arch : {"gfx90a", "gfx942", "gfx950"}) {
     const Platform amd = platform_for_target(arch);

@@ -216,6 +216,22 @@ TEST(Validation, MoeMxfp4) {
   EXPECT_EQ(signature_of(valid_moe_mxfp4()).get("weights"), "mxfp4");
 }
 
+// Prepared MXFP4 (moe_prepare_weights): w13 and w2 both prepared (rows are 16-byte aligned, as
+// for every weight format, so the kernels read their 4-byte words whole).
+MoeArgs valid_moe_mxfp4_prepared() {
+  MoeArgs a = valid_moe_mxfp4();
+  a.w13.dtype = a.w2.dtype = DType::kF4E2M1x2Prepared;
+  return a;
+}
+
+TEST(Validation, MoeMxfp4Prepared) {
+  run_cases<MoeArgs>(&valid_moe_mxfp4_prepared, {
+      {"w2 standard", [](auto& a) { a.w2.dtype = DType::kF4E2M1x2; }, "w2: expected dtype e2m1x2_prepared, got e2m1x2"},
+      {"scale missing", [](auto& a) { a.w2_scale = {}; }, "w2_scale: required tensor is missing"},
+  });
+  EXPECT_EQ(signature_of(valid_moe_mxfp4_prepared()).get("weights"), "mxfp4_prepared");
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -240,6 +256,7 @@ TEST(Validation, SignatureKeysAreWhatSignatureOfProduces) {
   EXPECT_TRUE(signature_of(softmax).has("renormalize"));
   expect_keys_match(signature_of(softmax));
   expect_keys_match(signature_of(valid_moe_mxfp4()));
+  expect_keys_match(signature_of(valid_moe_mxfp4_prepared()));
 }
 
 }  // namespace

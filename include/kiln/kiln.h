@@ -39,7 +39,8 @@ typedef enum kiln_dtype {
   KILN_F4_E2M1X2 = 6, /* two fp4 values per byte; shapes count bytes */
   KILN_E8M0 = 7,
   KILN_I32 = 8,
-  KILN_I64 = 9
+  KILN_I64 = 9,
+  KILN_F4_E2M1X2_PREPARED = 10 /* KILN_F4_E2M1X2 after kiln_moe_prepare_weights */
 } kiln_dtype;
 
 #define KILN_MAX_DIMS 6
@@ -95,6 +96,9 @@ KILN_API const char* kiln_version(void);
 KILN_API kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* args, void* stream);
 KILN_API kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* args, void* stream);
 KILN_API kiln_status kiln_moe_apply(const kiln_moe_args* args, void* stream);
+/* Rewrites MXFP4 weights (KILN_F4_E2M1X2: w13 or w2) in place into kiln's prepared order and sets
+ * weights->dtype to KILN_F4_E2M1X2_PREPARED; see moe_prepare_weights in ops.hpp. */
+KILN_API kiln_status kiln_moe_prepare_weights(kiln_tensor* weights, void* stream);
 
 /* Registry and selector. Strings returned through char** are allocated by kiln and released
  * with kiln_free_string. */

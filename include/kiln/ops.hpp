@@ -105,6 +105,12 @@ struct MhaDecodeArgs {
 //   multiplied by their scale in bf16, exactly: every e2m1 value times every e8m0 scale is a bf16
 //   or beyond even f32's range (then infinite), and scale 0xFF gives NaN (checked bit for bit on
 //   the GPU).
+//   Prepared MXFP4 weights: moe_prepare_weights (below) rewrites w13 and w2 once, at load time,
+//   into kF4E2M1x2Prepared; pass both so (the scales stay as they are). The results are the
+//   same, bit for bit, and moe.apply.stream decodes them in fewer instructions (GPT-OSS-120B at
+//   T = 1 on an H100: bench/RESULTS.md, twenty-ninth session). The reference kernel reads them
+//   too; moe.apply.mfma (AMD) does not, so on AMD they run on the reference: keep AMD weights in
+//   the standard layout.
 //   moe.apply.mfma (AMD; compile-verified only, never run) is written to the same numerics as
 //   the streaming phases: f32 accumulation, act in bf16, y in f32, MXFP4 values times their scale
 //   in bf16.
@@ -128,6 +134,15 @@ struct MoeArgs {
 void mha_prefill(const MhaPrefillArgs& args, Stream stream);
 void mha_decode_with_kvcache(const MhaDecodeArgs& args, Stream stream);
 void moe_apply(const MoeArgs& args, Stream stream);
+
+// Rewrites MXFP4 weights (kF4E2M1x2, moe_apply's w13 or w2, any shape whose last dimension is
+// contiguous, a multiple of 16 bytes and 4-byte aligned) in place into kiln's prepared order
+// (kernel-sources/moe/mxfp4_prepared.h) and returns the same memory viewed as kF4E2M1x2Prepared.
+// Host memory is rewritten directly (the fastest way: prepare the checkpoint before upload).
+// NVIDIA device memory goes through host memory in 64 MiB pieces, ordered on `stream` and
+// finished when the call returns. Not for AMD device memory (moe.apply.mfma reads the standard
+// layout). Throws kInvalidArgument for any other tensor, naming what it expected.
+TensorView moe_prepare_weights(const TensorView& weights, Stream stream);
 
 // Validation and the selector's view of a call, exposed for tools and tests. validate_* throws
 // kiln::Error(kInvalidArgument); signature_of builds the Signature the selector sees.

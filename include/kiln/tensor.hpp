@@ -22,6 +22,9 @@ enum class DType : int32_t {
   kE8M0 = 7,  // OCP MX block scale: a biased power-of-two exponent in one byte
   kI32 = 8,
   kI64 = 9,
+  // kF4E2M1x2 rewritten by moe_prepare_weights into kiln's prepared order (the bits of every
+  // 4-byte word permuted; kernel-sources/moe/mxfp4_prepared.h). Same shapes, strides and scales.
+  kF4E2M1x2Prepared = 10,
 };
 
 // Size in bytes of one element as counted by shape and strides.

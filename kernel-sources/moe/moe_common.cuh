@@ -3,11 +3,13 @@
 #pragma once
 
 #include "common/prelude.cuh"
+#include "moe/mxfp4_prepared.h"
 #include "moe/params.h"
 
 namespace kiln {
 
-enum MoeWeightFormat { kWeightsBf16 = 0, kWeightsMxfp4 = 1 };
+// kWeightsMxfp4Prepared: MXFP4 in kiln's prepared order (moe/mxfp4_prepared.h).
+enum MoeWeightFormat { kWeightsBf16 = 0, kWeightsMxfp4 = 1, kWeightsMxfp4Prepared = 2 };
 enum MoeActivationKind { kSiluGlu = 0, kSwigluClamped = 1 };
 enum MoeLayoutKind { kGateUpConcatenated = 0, kGateUpInterleaved = 1 };
 enum MoeRoutingKind { kRoutingTopkSoftmax = 0, kRoutingSoftmaxTopk = 1, kRoutingPrecomputed = 2 };
@@ -21,8 +23,13 @@ template <int kFormat>
 __device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
                                             long long scale_row_offset, int k) {
   if (kFormat == kWeightsBf16) return to_float(static_cast<const bf16*>(base)[row_offset + k]);
-  const u8 byte = static_cast<const u8*>(base)[row_offset + k / 2];
-  const u32 nibble = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+  const u8* byte = static_cast<const u8*>(base) + row_offset + k / 2;
+  u32 nibble;
+  if (kFormat == kWeightsMxfp4Prepared) {  // rows start on 16-byte boundaries (moe_apply checks)
+    nibble = kiln_mxfp4_prepared_value(*reinterpret_cast<const u32*>(byte - (k / 2) % 4), k % 8);
+  } else {
+    nibble = (k & 1) ? (*byte >> 4) : (*byte & 0xFu);
+  }
   return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
 }
 

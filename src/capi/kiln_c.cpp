@@ -55,7 +55,7 @@ kiln_status guarded(F&& body) {
 kiln::TensorView view(const kiln_tensor* t, const char* name) {
   kiln::TensorView v;
   if (t == nullptr) return v;  // absent
-  if (t->dtype < KILN_BF16 || t->dtype > KILN_I64) {
+  if (t->dtype < KILN_BF16 || t->dtype > KILN_F4_E2M1X2_PREPARED) {
     throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("{}: dtype code {} is not a kiln_dtype", name, t->dtype));
   }
   if (t->ndim < 1 || t->ndim > KILN_MAX_DIMS) {
@@ -166,6 +166,13 @@ kiln_status kiln_moe_apply(const kiln_moe_args* a, void* stream) {
     args.activation = static_cast<kiln::MoeActivation>(a->activation);
     args.gate_up_layout = static_cast<kiln::GateUpLayout>(a->gate_up_layout);
     kiln::moe_apply(args, stream);
+  });
+}
+
+kiln_status kiln_moe_prepare_weights(kiln_tensor* weights, void* stream) {
+  return guarded([&] {
+    require(weights, "weights");
+    weights->dtype = static_cast<int32_t>(kiln::moe_prepare_weights(view(weights, "weights"), stream).dtype);
   });
 }
 

@@ -17,7 +17,7 @@ constexpr DTypeInfo kDTypes[] = {
     {DType::kBF16, "bf16", 2},     {DType::kF16, "f16", 2},   {DType::kF32, "f32", 4},
     {DType::kF8E4M3, "e4m3", 1},   {DType::kF8E5M2, "e5m2", 1},
     {DType::kF4E2M1x2, "e2m1x2", 1}, {DType::kE8M0, "e8m0", 1}, {DType::kI32, "i32", 4},
-    {DType::kI64, "i64", 8},
+    {DType::kI64, "i64", 8},     {DType::kF4E2M1x2Prepared, "e2m1x2_prepared", 1},
 };
 
 const DTypeInfo* find(DType dtype) {

@@ -129,6 +129,9 @@ std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, const 
   return kernel;
 }
 
+
+}  // namespace
+
 // The vendor whose GPUs this process launches on: NVIDIA when the CUDA driver reports a GPU,
 // else AMD when the HIP runtime does. Decided at the first launch.
 Vendor launch_vendor() {
@@ -149,8 +152,6 @@ Vendor launch_vendor() {
   }();
   return vendor;
 }
-
-}  // namespace
 
 CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const Platform& platform) {
   const Backend platform_backend = platform.vendor == Vendor::kNvidia ? Backend::kCuda : Backend::kHip;

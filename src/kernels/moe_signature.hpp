@@ -16,13 +16,19 @@ constexpr int kMoeMaxTopK = 32;  // kMoeMaxTopK in kernel-sources/moe/moe_common
 
 inline int moe_bias_kind(const std::string& bias) { return bias == "none" ? 0 : bias == "f32" ? 1 : 2; }
 
-// bf16 activations, bf16 or MXFP4 weights, top_k up to kMoeMaxTopK.
+// bf16 activations, bf16 or MXFP4 weights (standard or prepared), top_k up to kMoeMaxTopK.
 inline std::optional<std::string> moe_accepts(const Signature& sig) {
   if (sig.get("dtype") != "bf16") return fmt::format("dtype {} unsupported (supported: bf16)", sig.get("dtype"));
   const std::string& w = sig.get("weights");
-  if (w != "bf16" && w != "mxfp4") return fmt::format("weights {} unsupported (supported: bf16, mxfp4)", w);
+  if (w != "bf16" && w != "mxfp4" && w != "mxfp4_prepared") return fmt::format("weights {} unsupported (supported: bf16, mxfp4, mxfp4_prepared)", w);
   if (sig.get_int("top_k") > kMoeMaxTopK) return fmt::format("top_k {} unsupported (at most {})", sig.get_int("top_k"), kMoeMaxTopK);
   return std::nullopt;
+}
+
+// moe_common.cuh's MoeWeightFormat of the signature's weights.
+inline int moe_weight_format(const Signature& sig) {
+  const std::string& w = sig.get("weights");
+  return w == "mxfp4" ? 1 : w == "mxfp4_prepared" ? 2 : 0;
 }
 
 // "kiln::moe_reference<format, activation, layout, routing, logits_bf16, bias13, bias2>"
@@ -30,7 +36,7 @@ inline std::string moe_template_instance(const char* kernel_template, const Sign
   const std::string& routing = sig.get("routing");
   const int routing_kind = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : 2;
   const bool logits_bf16 = sig.has("logits") && sig.get("logits") == "bf16";
-  return fmt::format("{}<{}, {}, {}, {}, {}, {}, {}>", kernel_template, sig.get("weights") == "mxfp4" ? 1 : 0,
+  return fmt::format("{}<{}, {}, {}, {}, {}, {}, {}>", kernel_template, moe_weight_format(sig),
                      sig.get("activation") == "swiglu_clamped" ? 1 : 0, sig.get("layout") == "interleaved" ? 1 : 0, routing_kind,
                      logits_bf16 ? "true" : "false", moe_bias_kind(sig.get("w13_bias")), moe_bias_kind(sig.get("w2_bias")));
 }

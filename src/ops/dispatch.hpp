@@ -36,4 +36,8 @@ struct OperatorCall {
 
 void run_operator(const OperatorCall& call);
 
+// The vendor whose GPUs this process launches on: NVIDIA when the CUDA driver reports a GPU, else
+// AMD when the HIP runtime does (decided once). Throws kDriverError when neither does.
+Vendor launch_vendor();
+
 }  // namespace kiln::detail

@@ -17,7 +17,11 @@ using detail::invalid_argument;
 
 namespace {
 
-bool is_mxfp4(const MoeArgs& a) { return a.w13.defined() && a.w13.dtype == DType::kF4E2M1x2; }
+bool is_mxfp4(DType t) { return t == DType::kF4E2M1x2 || t == DType::kF4E2M1x2Prepared; }
+
+const char* weights_name(DType t) {
+  return t == DType::kF4E2M1x2 ? "mxfp4" : t == DType::kF4E2M1x2Prepared ? "mxfp4_prepared" : "bf16";
+}
 
 const char* routing_name(const MoeArgs& a) {
   if (!a.router_logits.defined()) return "precomputed";
@@ -40,10 +44,11 @@ void validate(const MoeArgs& a) {
   if (static_cast<int>(a.gate_up_layout) < 0 || static_cast<int>(a.gate_up_layout) > 1) invalid_argument(fmt::format("gate_up_layout: must be 0 (concatenated) or 1 (interleaved), got {}", static_cast<int>(a.gate_up_layout)));
 
   // Weights decide E and I.
-  const bool mxfp4 = a.w13.defined() && a.w13.dtype == DType::kF4E2M1x2;
-  const std::initializer_list<DType> weight_types = {DType::kBF16, DType::kF4E2M1x2};
+  // w2 in w13's format: prepared MXFP4 weights (moe_prepare_weights) both prepared.
+  const std::initializer_list<DType> weight_types = {DType::kBF16, DType::kF4E2M1x2, DType::kF4E2M1x2Prepared};
   check_tensor(a.w13, {"w13", 3, weight_types});
-  check_tensor(a.w2, {"w2", 3, {mxfp4 ? DType::kF4E2M1x2 : DType::kBF16}});
+  const bool mxfp4 = is_mxfp4(a.w13.dtype);
+  check_tensor(a.w2, {"w2", 3, {a.w13.dtype}});
   const int64_t experts = a.w13.size(0);
   if (experts <= 0) invalid_argument("w13: expert count E (dimension 0) must be positive");
   if (a.w13.size(1) <= 0 || a.w13.size(1) % 2 != 0) invalid_argument(fmt::format("w13: dimension 1 must be 2 * I (gate and up), got {}", a.w13.size(1)));
@@ -117,7 +122,7 @@ void validate(const MoeArgs& a) {
 Signature signature_of(const MoeArgs& a) {
   Signature sig({kFamilyMoe, kModeApply});
   sig.set("dtype", dtype_name(a.x.dtype));
-  sig.set("weights", is_mxfp4(a) ? "mxfp4" : "bf16");
+  sig.set("weights", weights_name(a.w13.dtype));
   sig.set("hidden", a.x.size(1));
   sig.set("inter", a.w13.size(1) / 2);
   sig.set("experts", a.w13.size(0));

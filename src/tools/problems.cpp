@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -10,6 +11,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
+#include "moe/mxfp4_prepared.h"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"
 
@@ -332,8 +334,11 @@ class MoeProblem : public Problem {
     experts_ = s.integer("experts", 128);
     top_k_ = s.integer("top_k", 4);
     const std::string weights = s.text("weights", "mxfp4");
-    if (weights != "bf16" && weights != "mxfp4") throw Error(ErrorCode::kInvalidArgument, "--shape: weights must be bf16 or mxfp4");
-    mxfp4_ = weights == "mxfp4";
+    if (weights != "bf16" && weights != "mxfp4" && weights != "mxfp4_prepared") {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: weights must be bf16, mxfp4 or mxfp4_prepared");
+    }
+    mxfp4_ = weights != "bf16";
+    prepared_ = weights == "mxfp4_prepared";
     const std::string routing = s.text("routing", "topk_softmax");
     routing_ = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : routing == "precomputed" ? 2 : -1;
     if (routing_ < 0) throw Error(ErrorCode::kInvalidArgument, "--shape: routing must be topk_softmax, softmax_topk or precomputed");
@@ -370,8 +375,8 @@ class MoeProblem : public Problem {
     const Set& s = sets_.front();
     const size_t w13_elems = static_cast<size_t>(experts_ * 2 * inter_ * hidden_), w2_elems = static_cast<size_t>(experts_ * hidden_ * inter_);
     if (mxfp4_) {
-      h.w13 = decode_mxfp4(s.w13.to_host<uint8_t>(w13_elems / 2), s.w13_scale.to_host<uint8_t>(w13_elems / 32));
-      h.w2 = decode_mxfp4(s.w2.to_host<uint8_t>(w2_elems / 2), s.w2_scale.to_host<uint8_t>(w2_elems / 32));
+      h.w13 = decode_mxfp4(standard_mxfp4(s.w13.to_host<uint8_t>(w13_elems / 2)), s.w13_scale.to_host<uint8_t>(w13_elems / 32));
+      h.w2 = decode_mxfp4(standard_mxfp4(s.w2.to_host<uint8_t>(w2_elems / 2)), s.w2_scale.to_host<uint8_t>(w2_elems / 32));
     } else {
       h.w13 = decode_half(s.w13.to_host<uint16_t>(w13_elems), DType::kBF16);
       h.w2 = decode_half(s.w2.to_host<uint16_t>(w2_elems), DType::kBF16);
@@ -440,6 +445,11 @@ class MoeProblem : public Problem {
     if (first && mxfp4_) {
       random_mxfp4(rng, E * 2 * I, H, w13p, s13);
       random_mxfp4(rng, E * H, I, w2p, s2);
+      if (prepared_) {  // as an engine would: on the host copy, before upload
+        for (auto* bytes : {&w13p, &w2p}) {
+          moe_prepare_weights(TensorView::contiguous(bytes->data(), DType::kF4E2M1x2, {static_cast<int64_t>(bytes->size())}, kHostDevice), nullptr);
+        }
+      }
     } else if (first) {
       w13 = random_half(rng, E * 2 * I * H, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(H)));
       w2 = random_half(rng, E * H * I, DType::kBF16, 1.0f / std::sqrt(static_cast<float>(I)));
@@ -486,9 +496,10 @@ class MoeProblem : public Problem {
     }
     a.top_k = static_cast<int32_t>(top_k_);
     if (mxfp4_) {
-      a.w13 = view(owner.w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
+      const DType format = prepared_ ? DType::kF4E2M1x2Prepared : DType::kF4E2M1x2;
+      a.w13 = view(owner.w13, format, {e64, 2 * i64, h64 / 2});
       a.w13_scale = view(owner.w13_scale, DType::kE8M0, {e64, 2 * i64, h64 / 32});
-      a.w2 = view(owner.w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
+      a.w2 = view(owner.w2, format, {e64, h64, i64 / 2});
       a.w2_scale = view(owner.w2_scale, DType::kE8M0, {e64, h64, i64 / 32});
     } else {
       a.w13 = view(owner.w13, DType::kBF16, {e64, 2 * i64, h64});
@@ -520,7 +531,18 @@ class MoeProblem : public Problem {
   uint64_t seed_;
   int64_t tokens_, hidden_, inter_, experts_, top_k_, active_experts_ = 0;
   int routing_;
-  bool mxfp4_, swiglu_, interleaved_, bias_, bias_bf16_, logits_bf16_, renormalize_;
+  // The standard e2m1x2 bytes of weights as uploaded (prepared or not).
+  std::vector<uint8_t> standard_mxfp4(std::vector<uint8_t> bytes) const {
+    if (!prepared_) return bytes;
+    for (size_t i = 0; i < bytes.size(); i += 4) {
+      uint32_t word = 0, standard = 0;
+      std::memcpy(&word, &bytes[i], 4);
+      for (unsigned v = 0; v < 8; ++v) standard |= kiln_mxfp4_prepared_value(word, v) << (4 * v);
+      std::memcpy(&bytes[i], &standard, 4);
+    }
+    return bytes;
+  }
+  bool mxfp4_, prepared_ = false, swiglu_, interleaved_, bias_, bias_bf16_, logits_bf16_, renormalize_;
   reference::MoeProblem host_;
   std::vector<Set> sets_;
 };

@@ -428,6 +428,15 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   const auto bits = out.to_host<uint16_t>(T * H);
   for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bits[i]);
   EXPECT_LT(relative_error(got, ref), 1e-2) << describe(c);
+  if (c.mxfp4) {  // the same weights prepared on the device (moe_prepare_weights): the same bits out
+    a.w13 = moe_prepare_weights(a.w13, nullptr);
+    a.w2 = moe_prepare_weights(a.w2, nullptr);
+    ASSERT_EQ(a.w13.dtype, DType::kF4E2M1x2Prepared);
+    out.fill_bytes(0xFF);
+    moe_apply(a, nullptr);
+    synchronize();
+    EXPECT_EQ(out.to_host<uint16_t>(T * H), bits) << describe(c) << ": prepared MXFP4 weights";
+  }
 }
 
 // run_moe, an exception (a failed launch, a fault) reported with the case that raised it.
@@ -497,9 +506,10 @@ struct Mxfp4Matrix {
 
 // One token routed to a single expert with weight 1 through MXFP4 weights that isolate one value
 // per output: out = silu(gate) * up through W2, with the gate made 32 by its bias (silu(32) is 32
-// exactly in float) and x a single 2^-8 at column `x_col`. Returns out as floats.
+// exactly in float) and x a single 2^-8 at column `x_col`. With `prepared`, the weights go through
+// moe_prepare_weights (on the device) first. Returns out as floats.
 std::vector<float> moe_single_path(size_t hidden, size_t inter, const Mxfp4Matrix& w13, const Mxfp4Matrix& w2,
-                                   const std::vector<float>& bias13, size_t x_col, std::mt19937& rng) {
+                                   const std::vector<float>& bias13, size_t x_col, std::mt19937& rng, bool prepared) {
   std::vector<uint16_t> x_bits(hidden);
   std::uniform_real_distribution<float> noise(-4.0f, 4.0f);  // beside zero codes: must add nothing
   for (auto& b : x_bits) b = float_to_bf16(noise(rng));
@@ -525,6 +535,10 @@ std::vector<float> moe_single_path(size_t hidden, size_t inter, const Mxfp4Matri
   a.w2_scale = view(s2, DType::kE8M0, {1, h64, i64 / 32});
   a.activation = MoeActivation::kSiluGlu;
   a.gate_up_layout = GateUpLayout::kConcatenated;
+  if (prepared) {
+    a.w13 = moe_prepare_weights(a.w13, nullptr);
+    a.w2 = moe_prepare_weights(a.w2, nullptr);
+  }
   moe_apply(a, nullptr);
   synchronize();
   std::vector<float> got(hidden);
@@ -558,33 +572,35 @@ TEST_F(Gpu, MoeMxfp4DecodesEveryValueExactly) {
   constexpr uint8_t kOne = 2;  // e2m1 code of 1.0
   const OperatorId moe{kFamilyMoe, kModeApply};
   for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
-    Registry::global().set_override(moe, kernel);
-    SCOPED_TRACE(kernel);
-    {
-      // W13: up row u holds code u % 16 with scale u / 16 at the column where x is 2^-8; act is 2^-3
-      // times that value, and W2 is 8 times the identity, so out[h] is up row h's value. Values
-      // past the bf16 range (and NaN) are left out here: their inf would reach every output
-      // through W2's zeros. The W2 case below covers them.
-      const size_t H = 4096, I = 4096, x_col = 37;
-      Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
-      for (size_t u = 0; u < 256 * 16; ++u) {
-        if (std::fabs(mxfp4_value(u % 16, u / 16)) <= kBf16Max) w13.set(I + u, x_col, static_cast<uint8_t>(u % 16), static_cast<uint8_t>(u / 16));
+    for (bool prepared : {false, true}) {
+      Registry::global().set_override(moe, kernel);
+      SCOPED_TRACE(std::string(kernel) + (prepared ? ", prepared weights" : ", standard weights"));
+      {
+        // W13: up row u holds code u % 16 with scale u / 16 at the column where x is 2^-8; act is 2^-3
+        // times that value, and W2 is 8 times the identity, so out[h] is up row h's value. Values
+        // past the bf16 range (and NaN) are left out here: their inf would reach every output
+        // through W2's zeros. The W2 case below covers them.
+        const size_t H = 4096, I = 4096, x_col = 37;
+        Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
+        for (size_t u = 0; u < 256 * 16; ++u) {
+          if (std::fabs(mxfp4_value(u % 16, u / 16)) <= kBf16Max) w13.set(I + u, x_col, static_cast<uint8_t>(u % 16), static_cast<uint8_t>(u / 16));
+        }
+        for (size_t h = 0; h < H; ++h) w2.set(h, h, kOne, 130);
+        std::vector<float> bias(2 * I, 0.0f);
+        std::fill(bias.begin(), bias.begin() + I, 32.0f);
+        expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, x_col, rng, prepared), H, false, "w13");
       }
-      for (size_t h = 0; h < H; ++h) w2.set(h, h, kOne, 130);
-      std::vector<float> bias(2 * I, 0.0f);
-      std::fill(bias.begin(), bias.begin() + I, 32.0f);
-      expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, x_col, rng), H, false, "w13");
-    }
-    {
-      // W2: every up row zero but unit 7's, whose bias makes act = 1 there and 0 elsewhere; W2 row
-      // h holds code h % 16 with scale h / 16 (0xFF included) in column 7, so out[h] is that value.
-      const size_t H = 4096, I = 32, unit = 7;
-      Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
-      for (size_t h = 0; h < H; ++h) w2.set(h, unit, static_cast<uint8_t>(h % 16), static_cast<uint8_t>(h / 16));
-      std::vector<float> bias(2 * I, 0.0f);
-      std::fill(bias.begin(), bias.begin() + I, 32.0f);
-      bias[I + unit] = 1.0f / 32.0f;
-      expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, 0, rng), H, true, "w2");
+      {
+        // W2: every up row zero but unit 7's, whose bias makes act = 1 there and 0 elsewhere; W2 row
+        // h holds code h % 16 with scale h / 16 (0xFF included) in column 7, so out[h] is that value.
+        const size_t H = 4096, I = 32, unit = 7;
+        Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
+        for (size_t h = 0; h < H; ++h) w2.set(h, unit, static_cast<uint8_t>(h % 16), static_cast<uint8_t>(h / 16));
+        std::vector<float> bias(2 * I, 0.0f);
+        std::fill(bias.begin(), bias.begin() + I, 32.0f);
+        bias[I + unit] = 1.0f / 32.0f;
+        expect_every_mxfp4_value(moe_single_path(H, I, w13, w2, bias, 0, rng, prepared), H, true, "w2");
+      }
     }
   }
   Registry::global().set_override(moe, "");
