@@ -389,7 +389,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
-    ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, comma-separated (bf16, mxfp4, mxfp4_prepared)")
+    ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
@@ -426,9 +426,11 @@ def main():
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
-    moe_rows = [(T, "bf16") for T in (1, 8, 64, 512, 4096, 8192)] + [(T, w) for w in ("mxfp4", "mxfp4_prepared") for T in (1, 8)]
+    # In the order --moe-weights lists the formats (to alternate which one runs first).
+    moe_formats = args.moe_weights.split(",") if args.moe_weights else ["bf16", "mxfp4", "mxfp4_prepared"]
+    moe_rows = [(T, w) for w in moe_formats for T in ((1, 8, 64, 512, 4096, 8192) if w == "bf16" else (1, 8))]
     for T, weights_format in moe_rows if args.only in (None, "moe") else ():
-        if (moe_tokens and T not in moe_tokens) or (args.moe_weights and weights_format not in args.moe_weights.split(",")):
+        if moe_tokens and T not in moe_tokens:
             continue
         settle(rows)
         rows.append(moe_case(kiln, T, l2, quick=args.quick, weights_format=weights_format, bias=args.moe_bias))
