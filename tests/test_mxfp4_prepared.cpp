@@ -20,14 +20,6 @@ namespace {
 
 uint32_t rotate_right(uint32_t w, unsigned n) { return (w >> n) | (w << (32 - n)); }
 
-// PTX prmt.b32 (default mode): byte i of the result is byte (selector >> 4 i) & 7 of {b, a}.
-uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t selector) {
-  const uint64_t bytes = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t r = 0;
-  for (unsigned i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((selector >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
-  return r;
-}
-
 // moe_stream.cuh's e2m1x8_to_tiny_bf16x2 (standard words) and e2m1x8_prepared_to_tiny_bf16x2.
 std::array<uint32_t, 4> standard_decode(uint32_t w) {
   constexpr uint32_t kMagnitudes = 0x01C001C0u, kSigns = 0x80008000u;
@@ -36,9 +28,8 @@ std::array<uint32_t, 4> standard_decode(uint32_t w) {
 }
 std::array<uint32_t, 4> prepared_decode(uint32_t w) {
   constexpr uint32_t kBits = 0x81C081C0u;
-  const uint32_t r1 = rotate_right(w, 1), r3 = rotate_right(w, 3), r6 = rotate_right(w, 6);
-  return {byte_permute(r6, r1, 0x4073u) & kBits, byte_permute(w, r3, 0x4170u) & kBits, byte_permute(r6, r1, 0x6251u) & kBits,
-          byte_permute(w, r3, 0x6352u) & kBits};
+  return {w & kBits, (rotate_right(w, 2) & 0x81808180u) | (rotate_right(w, 10) & 0x00400040u), rotate_right(w, 6) & kBits,
+          rotate_right(w, 12) & kBits};
 }
 
 // One word prepared by moe_prepare_weights (in a row of the 16 bytes it takes at least).

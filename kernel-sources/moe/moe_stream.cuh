@@ -427,18 +427,17 @@ __device__ __forceinline__ void e2m1x8_to_tiny_bf16x2(u32 w, u32 (&pairs)[4]) {
   pairs[2] = ((w >> 2) & kMagnitudes) | ((w << 4) & kSigns);
   pairs[3] = ((w >> 6) & kMagnitudes) | (w & kSigns);
 }
-// The same four pairs from a word in kiln's prepared order (moe/mxfp4_prepared.h), in 11
-// instructions instead of 15: every bf16 bit a pair needs (a value's mantissa and low exponent bit
-// at bits 6-7 of its low byte, its high exponent bit and sign at bits 0 and 7 of its high byte) sits
-// in some byte of the word rotated right by 0, 1, 3 or 6 at that bit, so each pair is one byte
-// permute of two rotations, masked. The selectors and rotations are the layout's definition.
+// The same four pairs from a word in kiln's prepared order (moe/mxfp4_prepared.h), in 9
+// instructions instead of 15: the layout puts every bit a pair needs (a value's mantissa and
+// exponent at bf16 bits 6-8, its sign at 15; the pair's second value 16 bits up) where the word, or
+// the word rotated right by 6 or by 12, holds it, and pair 1's bits where the word rotated by 2 or
+// by 10 does. The rotations and masks are the layout's definition.
 __device__ __forceinline__ void e2m1x8_prepared_to_tiny_bf16x2(u32 w, u32 (&pairs)[4]) {
   constexpr u32 kBits = 0x81C081C0u;
-  const u32 r1 = __funnelshift_r(w, w, 1), r3 = __funnelshift_r(w, w, 3), r6 = __funnelshift_r(w, w, 6);
-  pairs[0] = byte_permute(r6, r1, 0x4073u) & kBits;
-  pairs[1] = byte_permute(w, r3, 0x4170u) & kBits;
-  pairs[2] = byte_permute(r6, r1, 0x6251u) & kBits;
-  pairs[3] = byte_permute(w, r3, 0x6352u) & kBits;
+  pairs[0] = w & kBits;
+  pairs[1] = (__funnelshift_r(w, w, 2) & 0x81808180u) | (__funnelshift_r(w, w, 10) & 0x00400040u);
+  pairs[2] = __funnelshift_r(w, w, 6) & kBits;
+  pairs[3] = __funnelshift_r(w, w, 12) & kBits;
 }
 // Where value v of each 8 sits in the MXFP4 path's k order (0 4 1 5 2 6 3 7): x's copy and act.
 __device__ __forceinline__ int mxfp4_k_slot(int v) { return (v & ~7) | ((v & 3) << 1) | ((v >> 2) & 1); }

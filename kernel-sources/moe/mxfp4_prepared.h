@@ -1,14 +1,14 @@
 // MXFP4 weights in kiln's prepared order (DType::kF4E2M1x2Prepared, written by
 // moe_prepare_weights): the bytes of OCP MX e2m1x2 rows (two values a byte along K, the e8m0
 // scales unchanged), with the 32 bits of every aligned 4-byte word -- values 8 w .. 8 w + 7 of a
-// row -- permuted so that moe.apply.stream turns a word into its four bf16 pairs with 3 rotations,
-// 4 byte permutes and 4 masks instead of 8 shifts and 7 masks (moe_stream.cuh,
-// e2m1x8_prepared_to_tiny_bf16x2). Shared verbatim by kiln's host code and the kernels.
+// row -- permuted so that moe.apply.stream turns a word into its four bf16 pairs with 4 rotations
+// and 5 masks instead of 8 shifts and 7 masks (moe_stream.cuh, e2m1x8_prepared_to_tiny_bf16x2).
+// Shared verbatim by kiln's host code and the kernels.
 //
 // Standard bit b of a word is bit b % 4 of value b / 4 (low nibble first; bit 0 the mantissa, 1
-// and 2 the exponent, 3 the sign). The permutation was found by an exact-cover search over the
-// decode's byte permutes (bench/RESULTS.md, twenty-ninth session); the tests check the decode
-// against the standard one.
+// and 2 the exponent, 3 the sign). The permutation was found by a matching search over rotations
+// and masks (bench/RESULTS.md, twenty-ninth session); the tests check the decode against the
+// standard one.
 #pragma once
 
 #include "common/host_device.h"
@@ -17,7 +17,7 @@
 // for bits 8 (b / 8) .. 8 (b / 8) + 7. Constants, not an array: a namespace-scope array would get
 // a per-process symbol name in the kernels (see kMoeMaxTopK in moe_common.cuh).
 KILN_HOST_DEVICE inline unsigned kiln_mxfp4_prepared_slot(unsigned b) {
-  const unsigned long long slots = b < 8 ? 0x021B070600190504ull : b < 16 ? 0x120B171610091514ull : b < 24 ? 0x0A030F0E08010D0Cull : 0x1A131F1E18111D1Cull;
+  const unsigned long long slots = b < 8 ? 0x110A09100F080706ull : b < 16 ? 0x1B141312150E0D0Cull : b < 24 ? 0x011A19001F181716ull : 0x0B040302051E1D1Cull;
   return static_cast<unsigned>(slots >> (8 * (b % 8))) & 31u;
 }
 
