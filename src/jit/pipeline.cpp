@@ -129,11 +129,9 @@ std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, const 
   return kernel;
 }
 
-
 }  // namespace
 
-// The vendor whose GPUs this process launches on: NVIDIA when the CUDA driver reports a GPU,
-// else AMD when the HIP runtime does. Decided at the first launch.
+// Decided at the first launch (dispatch.hpp).
 Vendor launch_vendor() {
   static const Vendor vendor = [] {
     std::string nvidia_reason;
