@@ -479,6 +479,10 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
       {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
       {false, 4000, 256, 192, 8, 4, 0, true, 1, true, false, false},
       {false, 400, 128, 128, 8, 2, 2, true, 0, false, false, true},
+      // The largest token count, on the grouped GEMMs (bf16) and the streaming phases
+      // (MXFP4, standard and prepared).
+      {false, 8192, 256, 128, 16, 4, 0, true, 1, true, true, false},
+      {true, 8192, 256, 128, 16, 4, 1, true, 0, false, true, false},
   };
   const OperatorId moe{kFamilyMoe, kModeApply};
   // The stream kernel's workspace: counters cleared, the rest 0xFF (it must write before it reads).
