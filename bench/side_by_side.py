@@ -270,9 +270,13 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_fo
         q2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=g)
         s2 = torch.randint(118, 124, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=g)
         weights = [kt(q13, FP4X2), kt(q2, FP4X2), kt(s13, E8M0), kt(s2, E8M0)]
-        if weights_format == "mxfp4_prepared":
+        prepare_s = None
+        if weights_format == "mxfp4_prepared":  # timed: the one-off cost at load time
+            torch.cuda.synchronize()
+            start = time.perf_counter()
             for w in weights[:2]:
                 kiln.call("kiln_moe_prepare_weights", w)  # in place; sets w.dtype
+            prepare_s = time.perf_counter() - start
         kiln.keep.append((weights, q13, s13, q2, s2))
     else:
         weights = [kt(w13), kt(w2)]
@@ -324,6 +328,8 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_fo
     row["bytes"] = active * expert_bytes + 4 * T * H
     row["flops"] = 6.0 * T * topk * H * I
     row["input_sets"] = n
+    if mxfp4 and prepare_s is not None:  # moe_prepare_weights on all E experts' w13 and w2, device memory
+        row["prepare_weights"] = {"seconds": prepare_s, "bytes": q13.numel() + q2.numel(), "gb_per_s": (q13.numel() + q2.numel()) / prepare_s / 1e9}
     return row
 
 
