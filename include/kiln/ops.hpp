@@ -107,8 +107,8 @@ struct MhaDecodeArgs {
 //   the GPU).
 //   Prepared MXFP4 weights: moe_prepare_weights (below) rewrites w13 and w2 once, at load time,
 //   into kF4E2M1x2Prepared; pass both so (the scales stay as they are). The results are the
-//   same, bit for bit, and moe.apply.stream decodes them in fewer instructions (GPT-OSS-120B at
-//   T = 1 on an H100: bench/RESULTS.md, twenty-ninth session). The reference kernel reads them
+//   same, bit for bit, and moe.apply.stream decodes them in 9 instructions per 8 values instead
+//   of 15 (GPT-OSS-120B: bench/RESULTS.md, twenty-ninth session). The reference kernel reads them
 //   too; moe.apply.mfma (AMD) does not, so on AMD they run on the reference: keep AMD weights in
 //   the standard layout.
 //   moe.apply.mfma (AMD; compile-verified only, never run) is written to the same numerics as
@@ -135,13 +135,14 @@ void mha_prefill(const MhaPrefillArgs& args, Stream stream);
 void mha_decode_with_kvcache(const MhaDecodeArgs& args, Stream stream);
 void moe_apply(const MoeArgs& args, Stream stream);
 
-// Rewrites MXFP4 weights (kF4E2M1x2, moe_apply's w13 or w2, any shape whose last dimension is
-// contiguous, a multiple of 16 bytes and 4-byte aligned) in place into kiln's prepared order
+// Rewrites MXFP4 weights (kF4E2M1x2, moe_apply's w13 or w2: a contiguous tensor, 4-byte aligned,
+// whose last dimension is a multiple of 16 bytes) in place into kiln's prepared order
 // (kernel-sources/moe/mxfp4_prepared.h) and returns the same memory viewed as kF4E2M1x2Prepared.
 // Host memory is rewritten directly (the fastest way: prepare the checkpoint before upload).
 // NVIDIA device memory goes through host memory in 64 MiB pieces, ordered on `stream` and
 // finished when the call returns. Not for AMD device memory (moe.apply.mfma reads the standard
-// layout). Throws kInvalidArgument for any other tensor, naming what it expected.
+// layout). Throws kInvalidArgument for any other tensor, naming what it expected, and
+// kDriverError when a copy fails (pieces already copied back stay prepared: reload the weights).
 TensorView moe_prepare_weights(const TensorView& weights, Stream stream);
 
 // Validation and the selector's view of a call, exposed for tools and tests. validate_* throws
