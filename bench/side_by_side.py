@@ -395,6 +395,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
+    ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
     ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
@@ -424,6 +425,8 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),
                                      ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)) if args.only in (None, "decode") else ():
+        if args.decode_shapes and not any(name.startswith(f"{s} ") for s in args.decode_shapes.split(",")):
+            continue
         for page in (16, 64):
             settle(rows)
             rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
