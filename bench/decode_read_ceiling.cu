@@ -164,9 +164,9 @@ __global__ void fill_random(unsigned* a, size_t n, unsigned seed) {
 }
 
 int main(int argc, char** argv) {
-  const int batch = argc > 2 ? std::atoi(argv[1]) : 8, ctx = argc > 2 ? std::atoi(argv[2]) : 32768, heads_kv = 8;
-  if (batch <= 0 || ctx <= 0 || ctx % 128 != 0) {
-    std::fprintf(stderr, "usage: %s [batch ctx]: batch > 0 and ctx a multiple of 128\n", argv[0]);
+  const int batch = argc == 3 ? std::atoi(argv[1]) : 8, ctx = argc == 3 ? std::atoi(argv[2]) : 32768, heads_kv = 8;
+  if ((argc != 1 && argc != 3) || batch <= 0 || ctx <= 0 || ctx % 128 != 0 || static_cast<long long>(batch) * ctx > (1LL << 30)) {
+    std::fprintf(stderr, "usage: %s [batch ctx]: batch > 0, ctx a multiple of 128, batch x ctx at most 2^30\n", argv[0]);
     return 2;
   }
   cudaDeviceProp prop;
