@@ -228,33 +228,25 @@ int main(int argc, char** argv) {
       bool shuffled;
       int work_cycles = 0;
     };
-    const int g1 = sms / heads_kv;  // kiln's split rule for one 8-warp CTA per SM
-    // Each within 227 KB of shared memory a CTA; 4-warp CTAs two to an SM, all SMs busy.
-    const Form forms[] = {{g1, 8, 2, true}, {g1, 8, 2, false}, {g1, 8, 3, true}, {g1, 12, 2, true},
-                          {2 * sms / heads_kv, 4, 2, true}, {2 * sms / heads_kv, 4, 3, true}, {2 * g1, 8, 2, true},
-                          {g1, 8, 2, true, 1000}, {g1, 8, 3, true, 1000}, {g1, 8, 2, true, 2000}, {g1, 8, 3, true, 2000},
-                          {2 * sms / heads_kv, 4, 2, true, 1000}, {2 * sms / heads_kv, 4, 3, true, 1000}};
+    const int g1 = sms / heads_kv;      // kiln's split rule for one 8-warp CTA per SM
+    const int g2 = 2 * sms / heads_kv;  // 4-warp CTAs two to an SM, all SMs busy
+    // Each within 227 KB of shared memory a CTA; 2 or 3 stages (paged_read's instantiations).
+    const Form forms[] = {{g1, 8, 2, true},       {g1, 8, 2, false},      {g1, 8, 3, true},       {g1, 12, 2, true},
+                          {g2, 4, 2, true},       {g2, 4, 3, true},       {2 * g1, 8, 2, true},   {g1, 8, 2, true, 1000},
+                          {g1, 8, 3, true, 1000}, {g1, 8, 2, true, 2000}, {g1, 8, 3, true, 2000}, {g2, 4, 2, true, 1000},
+                          {g2, 4, 3, true, 1000}};
     for (const Form& f : forms) {
       Paged p{k, v, f.shuffled ? d_shuffled : d_identity, batch, page_size, pages_per_seq, ctx, heads_kv, f.ranges_per_head, f.work_cycles, nullptr};
       const int smem = f.warps * f.stages * 2 * kTile * kRowBytes;
       const int ctas = f.ranges_per_head * heads_kv;
-      auto set_smem = [&](auto kernel) { CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); };
-      set_smem(paged_read<2>);
-      set_smem(paged_read<3>);
-      set_smem(paged_read<4>);
+      const auto kernel = f.stages == 2 ? paged_read<2> : paged_read<3>;
+      CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       char what[120];
       std::snprintf(what, sizeof what, "paged p%d %s: %d CTAs of %d warps, %d stages, %d cycles a tile", page_size,
                     f.shuffled ? "shuffled" : "in order", ctas, f.warps, f.stages, f.work_cycles);
-      auto launch = [&] {
-        switch (f.stages) {
-          case 2: paged_read<2><<<ctas, 32 * f.warps, smem>>>(p, sink); break;
-          case 3: paged_read<3><<<ctas, 32 * f.warps, smem>>>(p, sink); break;
-          default: paged_read<4><<<ctas, 32 * f.warps, smem>>>(p, sink); break;
-        }
-      };
+      auto launch = [&] { kernel<<<ctas, 32 * f.warps, smem>>>(p, sink); };
       report(what, median_ms(launch), 2.0 * half);
-      // One more launch, traced: when each CTA's reads end (us from the first start), and the
-      // mean per-CTA read time of the SMs that finish first and last.
+      // One more launch, traced: when the CTAs' reads end, in us from the first CTA's start.
       p.trace = trace;
       launch();
       CHECK(cudaGetLastError());
