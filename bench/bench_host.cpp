@@ -16,6 +16,7 @@
 #include "jit/compiler.hpp"
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
+#include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 
 namespace {

@@ -20,6 +20,7 @@
 #include "backends/hip/offline_clang.hpp"
 #include "jit/compiler.hpp"
 #include "jit/pipeline.hpp"
+#include "kiln/author.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/platform.hpp"

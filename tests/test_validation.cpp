@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
+#include "kiln/author.hpp"
 
 namespace kiln {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/registry.hpp"
+#include "kiln/signature.hpp"
 
 namespace kiln {
 

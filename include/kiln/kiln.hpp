@@ -1,4 +1,5 @@
-// kiln's C++ API in one include.
+// kiln's C++ API for serving engines, in one include: the operators, tensors, errors, logging and
+// the cache, JIT and warm-up settings. Kernel authors and tools add kiln/author.hpp.
 #pragma once
 
 #include "kiln/cache.hpp"
@@ -7,6 +8,6 @@
 #include "kiln/log.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/platform.hpp"
-#include "kiln/registry.hpp"
+#include "kiln/signature.hpp"
 #include "kiln/tensor.hpp"
 #include "kiln/warmup.hpp"

@@ -8,10 +8,7 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <vector>
 
-#include "kiln/registry.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -92,28 +89,20 @@ struct MhaDecodeArgs {
 //   kE8M0 [E, H, I/32]; each scale covers 32 consecutive values along the reduction dimension.
 //   activation kSiluGlu: silu(gate) * up. kSwigluClamped (GPT-OSS): gate = min(gate, 7),
 //   up = clamp(up, -7, 7), gate * sigmoid(1.702 * gate) * (up + 1).
-//   Memory: the fast kernels (moe.apply.stream on NVIDIA, moe.apply.mfma on AMD) take
-//   T * k * (H + I) * 4 bytes plus a little of device scratch, allocated on `stream` from the
-//   device's default memory pool and freed on it after the launch (755 MB for GPT-OSS-120B at
-//   T = 8192). Device-resident topk_ids
-//   outside [0, E) contribute nothing (host-resident ones are checked).
-//   Numerics (moe.apply.stream): the projections run on tensor cores with f32 accumulation, and
-//   the activated intermediate is rounded to bf16 between them. On Hopper (sm_90a), with bf16
-//   weights, H and I multiples of 64 and at least 16 routed (token, slot) pairs, they are grouped
-//   GEMMs that also round each expert's output (bias included) to bf16 before the weighted sum,
-//   as a pipeline of bf16 grouped GEMMs does; elsewhere that output stays f32. MXFP4 values are
-//   multiplied by their scale in bf16, exactly: every e2m1 value times every e8m0 scale is a bf16
-//   or beyond even f32's range (then infinite), and scale 0xFF gives NaN (checked bit for bit on
-//   the GPU).
+//   Memory: the fast kernels take T * k * (H + I) * 4 bytes plus a little of device scratch,
+//   allocated on `stream` from the device's default memory pool and freed on it after the launch.
+//   Device-resident topk_ids outside [0, E) contribute nothing (host-resident ones are checked).
+//   Numerics: the projections run with f32 accumulation, and the activated intermediate is
+//   rounded to bf16 between them. Where the two projections run as grouped GEMMs (Hopper, bf16
+//   weights, H and I multiples of 64, at least 16 routed (token, slot) pairs) each expert's output,
+//   bias included, is also rounded to bf16 before the weighted sum, as a pipeline of bf16 grouped
+//   GEMMs does; elsewhere it stays f32. MXFP4 values are multiplied by their scale in bf16,
+//   exactly: every e2m1 value times every e8m0 scale is a bf16 or beyond even f32's range (then
+//   infinite), and scale 0xFF gives NaN.
 //   Prepared MXFP4 weights: moe_prepare_weights (below) rewrites w13 and w2 once, at load time,
-//   into kF4E2M1x2Prepared; pass both so (the scales stay as they are). The results are the
-//   same, bit for bit, and moe.apply.stream decodes them in 9 instructions per 8 values instead
-//   of 15 (GPT-OSS-120B: bench/RESULTS.md, twenty-ninth session). The reference kernel reads them
-//   too; moe.apply.mfma (AMD) does not, so on AMD they run on the reference: keep AMD weights in
-//   the standard layout.
-//   moe.apply.mfma (AMD; compile-verified only, never run) is written to the same numerics as
-//   the streaming phases: f32 accumulation, act in bf16, y in f32, MXFP4 values times their scale
-//   in bf16.
+//   into kF4E2M1x2Prepared; pass both so (the scales stay as they are). Results are the same, bit
+//   for bit, and cheaper to decode on NVIDIA. AMD's fast kernel reads only the standard layout
+//   (prepared weights run on the reference kernel there): keep AMD weights standard.
 enum class MoeRouting { kTopkThenSoftmax = 0, kSoftmaxThenTopk = 1 };
 enum class MoeActivation { kSiluGlu = 0, kSwigluClamped = 1 };
 enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };
@@ -139,27 +128,9 @@ void moe_apply(const MoeArgs& args, Stream stream);
 // whose last dimension is a multiple of 16 bytes) in place into kiln's prepared order
 // (kernel-sources/moe/mxfp4_prepared.h) and returns the same memory viewed as kF4E2M1x2Prepared.
 // Host memory is rewritten directly (the fastest way: prepare the checkpoint before upload).
-// NVIDIA device memory goes through host memory in 64 MiB pieces, ordered on `stream` and
-// finished when the call returns. Not for AMD device memory (moe.apply.mfma reads the standard
-// layout). Throws kInvalidArgument for any other tensor, naming what it expected, and
+// Device memory goes through host memory in 64 MiB pieces, ordered on `stream` and finished when
+// the call returns. Throws kInvalidArgument for any other tensor, naming what it expected, and
 // kDriverError when a copy fails (pieces already copied back stay prepared: reload the weights).
 TensorView moe_prepare_weights(const TensorView& weights, Stream stream);
-
-// Validation and the selector's view of a call, exposed for tools and tests. validate_* throws
-// kiln::Error(kInvalidArgument); signature_of builds the Signature the selector sees.
-void validate(const MhaPrefillArgs& args);
-void validate(const MhaDecodeArgs& args);
-void validate(const MoeArgs& args);
-Signature signature_of(const MhaPrefillArgs& args);
-Signature signature_of(const MhaDecodeArgs& args);
-Signature signature_of(const MoeArgs& args);
-
-// The keys signature_of() produces for an operator: `required` always, `optional` in some calls
-// (moe_apply: "logits" with router logits, "renormalize" with softmax-then-top-k routing).
-struct SignatureKeys {
-  std::vector<std::string> required;
-  std::vector<std::string> optional;
-};
-SignatureKeys signature_keys(const OperatorId& op);
 
 }  // namespace kiln

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/registry.hpp"
+#include "kiln/signature.hpp"
 
 namespace kiln {
 

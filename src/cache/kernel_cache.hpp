@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/key.hpp"
+#include "cache/kernel_key.hpp"
 #include "kiln/cache.hpp"
 
 struct sqlite3;

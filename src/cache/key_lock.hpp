@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "jit/key.hpp"
+#include "cache/kernel_key.hpp"
 
 namespace kiln::detail {
 

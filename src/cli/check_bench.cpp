@@ -10,7 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/cuda/driver.hpp"
+#include "backends/backend.hpp"
+#include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 #include "tools/device_buffer.hpp"
 #include "tools/problems.hpp"
@@ -48,11 +49,7 @@ std::vector<double> run_with(tools::Problem& problem, const OperatorId& op, cons
   return problem.output(0);
 }
 
-int driver_version() {
-  int v = 0;
-  KILN_CU_CALL(cuDriverGetVersion, &v);
-  return v;
-}
+int driver_version() { return detail::launch_backend().runtime_version(); }
 
 }  // namespace
 
@@ -113,8 +110,7 @@ int run_bench(const std::string& op_name, const std::string& shape_text, uint64_
   const CompiledKernel compiled = compile_for_target(sig, platform.arch);
 
   // Rotate among input sets that together exceed twice the L2, so no run reads a warm cache.
-  size_t free_bytes = 0, total_bytes = 0;
-  KILN_CU_CALL(cuMemGetInfo, &free_bytes, &total_bytes);
+  const size_t free_bytes = detail::launch_backend().memory_info(platform.device_index).first;
   const size_t per_set = std::max<size_t>(problem->bytes_per_set(), 1);
   int sets = static_cast<int>(std::min<size_t>(32, (2 * platform.l2_bytes + per_set - 1) / per_set));
   sets = std::max(1, std::min(sets, static_cast<int>(free_bytes / 2 / per_set)));

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/check_bench.hpp"
+#include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 
 namespace {

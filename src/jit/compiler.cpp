@@ -12,15 +12,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/cuda/nvrtc.hpp"
-#include "backends/hip/hiprtc.hpp"
-#include "backends/hip/offline_clang.hpp"
+#include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "core/env.hpp"
 #include "kiln/error.hpp"
@@ -129,7 +128,7 @@ namespace {
 // Computing an identity loads the compiler and may compile a probe or run it (tens of ms). The
 // cache remembers it per compiler file, so a warm process finds its kernels without loading the
 // compiler at all.
-std::string remembered_identity(const std::optional<std::string>& fingerprint, const std::string& (*compute)()) {
+std::string remembered_identity(const std::optional<std::string>& fingerprint, const std::function<std::string()>& compute) {
   KernelCache& cache = KernelCache::process();
   const std::string memo = fingerprint ? "compiler-identity " + *fingerprint : "";
   if (fingerprint) {
@@ -142,92 +141,35 @@ std::string remembered_identity(const std::optional<std::string>& fingerprint, c
 
 }  // namespace
 
-const std::string& compiler_identity(CompilerKind kind) {
-  switch (kind) {
-    case CompilerKind::kNvrtc: {
-      static const std::string identity = remembered_identity(cuda::nvrtc_library_fingerprint(), &cuda::nvrtc_identity);
-      return identity;
-    }
-    case CompilerKind::kHiprtc: {
-      static const std::string identity = remembered_identity(hip::hiprtc_library_fingerprint(), &hip::hiprtc_identity);
-      return identity;
-    }
-    case CompilerKind::kClang: {
-      static const std::string identity = remembered_identity(hip::clang_fingerprint(), &hip::clang_identity);
-      return identity;
-    }
-  }
-  throw Error(ErrorCode::kInternal, "unknown compiler kind");
+const IdentityMemo& cache_identity_memo() {
+  static const IdentityMemo memo = remembered_identity;
+  return memo;
 }
 
+std::string compiler_identity(CompilerKind kind) { return backend_for(kind).compiler_identity(kind, cache_identity_memo()); }
+
 CompilerKind compiler_for(const Platform& platform, const JitSettings& settings) {
-  if (platform.vendor == Vendor::kNvidia) return CompilerKind::kNvrtc;
-  std::string no_clang;
-  switch (settings.amd_compiler) {
-    case AmdCompiler::kHiprtc:
-      if (auto why = hip::hiprtc_refuses(platform.arch)) throw Error(ErrorCode::kUnsupported, *why);
-      return CompilerKind::kHiprtc;
-    case AmdCompiler::kClang:
-      if (!hip::find_clang(&no_clang)) throw Error(ErrorCode::kUnsupported, no_clang);
-      return CompilerKind::kClang;
-    case AmdCompiler::kAuto: {
-      const auto no_hiprtc = hip::hiprtc_refuses(platform.arch);
-      if (!no_hiprtc) return CompilerKind::kHiprtc;
-      if (hip::find_clang(&no_clang)) return CompilerKind::kClang;
-      throw Error(ErrorCode::kUnsupported, fmt::format("no compiler for {}: {}; and {}", platform.arch, *no_hiprtc, no_clang));
-    }
-  }
-  throw Error(ErrorCode::kInternal, "unknown AMD compiler setting");
+  return backend_for(platform.vendor).compiler_for(platform, settings);
 }
 
 }  // namespace detail
 
 std::vector<CompilerReport> available_compilers() {
   std::vector<CompilerReport> reports;
-  std::vector<std::string> nvidia, amd;
-  for (const auto& t : known_targets()) (platform_for_target(t).vendor == Vendor::kNvidia ? nvidia : amd).push_back(t);
-  auto identity_of = [](CompilerReport& r, detail::CompilerKind kind) {
-    try {
-      r.identity = detail::compiler_identity(kind);
-    } catch (const Error& e) {
-      r.note = e.message();
+  for (detail::VendorBackend* backend : detail::backends()) {
+    std::vector<std::string> targets;
+    for (const auto& t : known_targets()) {
+      if (platform_for_target(t).vendor == backend->vendor()) targets.push_back(t);
     }
-  };
-  CompilerReport nvrtc{"nvrtc", "", {}, ""};
-  identity_of(nvrtc, detail::CompilerKind::kNvrtc);
-  if (!nvrtc.identity.empty()) nvrtc.targets = nvidia;
-  reports.push_back(nvrtc);
-  CompilerReport hiprtc{"hiprtc", "", {}, ""};
-  if (auto why = detail::hip::hiprtc_unavailable()) {
-    hiprtc.note = *why;
-  } else {
-    identity_of(hiprtc, detail::CompilerKind::kHiprtc);
-    std::vector<std::string> refused;
-    for (const auto& t : amd) (detail::hip::hiprtc_refuses(t) ? refused : hiprtc.targets).push_back(t);
-    if (!refused.empty()) hiprtc.note = fmt::format("refuses {}: its ROCm release predates them", fmt::join(refused, ", "));
+    backend->report_compilers(targets, detail::cache_identity_memo(), reports);
   }
-  reports.push_back(hiprtc);
-  CompilerReport clang{"clang", "", {}, ""};
-  if (const auto path = detail::hip::find_clang(&clang.note)) {
-    identity_of(clang, detail::CompilerKind::kClang);
-    if (!clang.identity.empty()) {
-      clang.targets = amd;
-      clang.note = *path;
-    }
-  }
-  reports.push_back(clang);
   return reports;
 }
 
 namespace detail {
 
 CompileResult compile_in_this_process(const CompileRequest& request, double timeout_seconds) {
-  switch (request.compiler) {
-    case CompilerKind::kNvrtc: return cuda::nvrtc_compile(request);
-    case CompilerKind::kHiprtc: return hip::hiprtc_compile(request);
-    case CompilerKind::kClang: return hip::clang_compile(request, timeout_seconds);
-  }
-  throw Error(ErrorCode::kInternal, "unknown compiler kind");
+  return backend_for(request.compiler).compile(request, timeout_seconds);
 }
 
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,

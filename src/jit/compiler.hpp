@@ -3,12 +3,15 @@
 
 #include <string>
 
-#include "jit/compile_request.hpp"
+#include "backends/backend.hpp"
+#include "backends/compile_request.hpp"
 #include "kiln/jit.hpp"
 
 namespace kiln::detail {
 
 CompileResult compile(const CompileRequest& request, const JitSettings& settings);
+// Remembers compiler identities in the process's cache (backends compute them).
+const IdentityMemo& cache_identity_memo();
 // In a worker process under a time limit. Throws kiln::Error(kCompileFailed) when the worker
 // crashes, hangs past the limit or reports a compile error.
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
@@ -19,8 +22,9 @@ CompilerKind compiler_for(const Platform& platform, const JitSettings& settings)
 // The request's compiler run here, not in a worker (clang still runs as a child process, under
 // `timeout_seconds`).
 CompileResult compile_in_this_process(const CompileRequest& request, double timeout_seconds);
-// The compiler identity a key records for this request's compiler.
-const std::string& compiler_identity(CompilerKind kind);
+// The compiler identity a key records for this request's compiler: remembered in the cache per
+// compiler file, so a warm process finds its kernels without loading the compiler.
+std::string compiler_identity(CompilerKind kind);
 // KILN_COMPILE_ISOLATION, KILN_COMPILE_WORKER and KILN_COMPILE_TIMEOUT_S, read now (jit_settings()
 // reads them once). Throws kiln::Error(kInvalidArgument) naming the variable.
 JitSettings jit_settings_from_environment();

@@ -17,8 +17,6 @@ void put(std::string& out, const std::string& field) {
 
 }  // namespace
 
-std::string KernelKey::hex() const { return fmt::format("{:016x}{:016x}", high, low); }
-
 std::string key_material(const CompileRequest& r, const std::string& compiler_identity) {
   std::string out;
   put(out, "kiln-kernel-key");

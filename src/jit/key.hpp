@@ -5,7 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
+#include "cache/kernel_key.hpp"
 
 namespace kiln::detail {
 
@@ -13,13 +14,6 @@ namespace kiln::detail {
 // whenever the binary format kiln stores changes. tests/test_key.cpp holds golden bytes and a
 // golden hash that fail on any unversioned change.
 inline constexpr uint32_t kKeyFormatVersion = 1;
-
-struct KernelKey {
-  uint64_t high = 0;
-  uint64_t low = 0;
-  std::string hex() const;  // 32 lowercase hex digits
-  bool operator==(const KernelKey&) const = default;
-};
 
 // Length-prefixed fields: format tag and version, kernel name, source name and text, every
 // header (sorted by name) with its text, name expression, options in order, target, compiler

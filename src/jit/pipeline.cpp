@@ -1,6 +1,7 @@
 #include "jit/pipeline.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -11,31 +12,18 @@
 
 #include <xxhash.h>
 
-#include "backends/cuda/device.hpp"
-#include "backends/hip/runtime.hpp"
+#include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "cache/key_lock.hpp"
 #include "jit/compiler.hpp"
-#include "warmup/capture.hpp"
+#include "jit/operator_call.hpp"
 #include "jit/sources.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/log.hpp"
-#include "ops/dispatch.hpp"
 
 namespace kiln::detail {
 namespace {
-
-// Options every kiln compile uses, per compiler; they are part of the key like any other option.
-// The KILN_<compiler> macro selects the prelude's half for that compiler.
-std::vector<std::string> base_options(CompilerKind compiler) {
-  switch (compiler) {
-    case CompilerKind::kNvrtc: return {"-std=c++17", "-DKILN_NVRTC=1"};
-    case CompilerKind::kHiprtc: return {"-std=c++17", "-O3", "-DKILN_HIPRTC=1"};
-    case CompilerKind::kClang: return {"-std=c++17", "-O3", "-DKILN_HIP_CLANG=1"};
-  }
-  throw Error(ErrorCode::kInternal, "unknown compiler kind");
-}
 
 struct CompileTable {
   std::mutex mutex;
@@ -46,9 +34,11 @@ CompileTable& compile_table() {
   return t;
 }
 
+std::atomic<MissObserver> miss_observer{nullptr};
+
 // The in-process hit path: one loaded kernel per (launch scope, call key), valid while the
-// registry generation it was selected under is current. The scope is the CUDA context, or for
-// AMD the device (its Platform, whose address is stable).
+// registry generation it was selected under is current. The scope is what the backend says a
+// function is loaded into (a CUDA context, an AMD device).
 struct LoadedKey {
   const void* scope;
   CallKey call;
@@ -57,30 +47,16 @@ struct LoadedKey {
 struct LoadedKeyHash {
   size_t operator()(const LoadedKey& k) const {
     return static_cast<size_t>(XXH3_64bits_withSeed(k.call.fields.data(), sizeof(k.call.fields),
-                                                     reinterpret_cast<uintptr_t>(k.scope) ^ static_cast<uint64_t>(k.call.op)));
+                                                     reinterpret_cast<uintptr_t>(k.scope) ^ reinterpret_cast<uintptr_t>(k.call.op)));
   }
 };
 struct LoadedKernel {
   std::shared_ptr<const KernelSpec> spec;
-  const Platform* platform;
-  Vendor vendor;
-  cuda::LoadedFunction cuda_function;
-  mutable cuda::LaunchLimits cuda_limits;  // raised by launches from any thread
-  hip::LoadedFunction hip_function;
-  uint64_t registry_generation;
+  VendorBackend* backend = nullptr;
+  DeviceFunction function;
+  uint64_t registry_generation = 0;
 
-  bool loaded() const { return cuda_function.function != nullptr || hip_function.function != nullptr; }
-  void load(const CompiledBinary& b) {
-    if (vendor == Vendor::kNvidia) {
-      cuda_function = cuda::load_function(b.result.binary, b.result.lowered_name, spec->name);
-    } else {
-      hip_function = hip::load_function(platform->device_index, b.result.binary, b.result.lowered_name, spec->name);
-    }
-  }
-  void unload() const {
-    if (vendor == Vendor::kNvidia) cuda::unload(cuda_function);
-    else hip::unload(hip_function);
-  }
+  bool loaded() const { return function.function != nullptr; }
 };
 struct LoadedTable {
   std::shared_mutex mutex;
@@ -92,78 +68,63 @@ LoadedTable& loaded_table() {
 }
 
 // The miss path: select, specialize, compile (or reuse the binary), load into the scope.
-std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, const Platform& platform, const void* scope) {
+std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, VendorBackend& backend, const LaunchScope& scope) {
   const Signature sig = call.make_signature(call.args);
-  capture_signature(sig);
+  if (const MissObserver observe = miss_observer.load(std::memory_order_acquire)) observe(sig);
+  const Platform& platform = *scope.platform;
   auto loaded = std::make_shared<LoadedKernel>();
   loaded->registry_generation = Registry::global().generation();
   loaded->spec = Registry::global().select(sig, platform);
-  loaded->platform = &platform;
-  loaded->vendor = platform.vendor;
+  loaded->backend = &backend;
+  auto load = [&](const CompiledBinary& b) {
+    loaded->function = backend.load(scope, b.result.binary, b.result.lowered_name, loaded->spec->name);
+  };
   // The first load doubles as the check that decides whether a binary is published (or, from
   // the cache, kept).
-  const auto binary = get_or_compile(build_request(*loaded->spec, sig, platform), [&](const CompiledBinary& b) { loaded->load(b); });
-  if (!loaded->loaded()) loaded->load(*binary);
+  const auto binary = get_or_compile(build_request(*loaded->spec, sig, platform), load);
+  if (!loaded->loaded()) load(*binary);
   LoadedTable& table = loaded_table();
   std::unique_lock lock(table.mutex);
-  auto& slot = table.entries[LoadedKey{scope, call.key}];
+  auto& slot = table.entries[LoadedKey{scope.key, call.key}];
   if (slot && slot->registry_generation == loaded->registry_generation) {
-    loaded->unload();  // a racing thread loaded it first
+    backend.unload(loaded->function);  // a racing thread loaded it first
     return slot;
   }
   slot = loaded;
   return loaded;
 }
 
-std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, const Platform& platform, const void* scope) {
+std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, VendorBackend& backend, const LaunchScope& scope) {
   LoadedTable& table = loaded_table();
   std::shared_ptr<const LoadedKernel> kernel;
   {
     std::shared_lock lock(table.mutex);
-    auto it = table.entries.find(LoadedKey{scope, call.key});
+    auto it = table.entries.find(LoadedKey{scope.key, call.key});
     if (it != table.entries.end()) kernel = it->second;
   }
   if (!kernel || kernel->registry_generation != Registry::global().generation()) {
-    kernel = load_kernel(call, platform, scope);
+    kernel = load_kernel(call, backend, scope);
   }
   return kernel;
 }
 
 }  // namespace
 
-// Decided at the first launch (dispatch.hpp).
-Vendor launch_vendor() {
-  static const Vendor vendor = [] {
-    std::string nvidia_reason;
-    try {
-      if (cuda::device_count() > 0) return Vendor::kNvidia;
-      nvidia_reason = "the NVIDIA driver reports no GPU";
-    } catch (const Error& e) {
-      nvidia_reason = e.message();
-    }
-    try {
-      if (hip::device_count() > 0) return Vendor::kAmd;
-    } catch (const Error& e) {
-      throw Error(ErrorCode::kDriverError, fmt::format("no GPU to launch on: {}; {}", nvidia_reason, e.message()));
-    }
-    throw Error(ErrorCode::kDriverError, fmt::format("no GPU to launch on: {}; the HIP runtime reports no GPU", nvidia_reason));
-  }();
-  return vendor;
-}
+void set_miss_observer(MissObserver observer) { miss_observer.store(observer, std::memory_order_release); }
 
 CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const Platform& platform) {
-  const Backend platform_backend = platform.vendor == Vendor::kNvidia ? Backend::kCuda : Backend::kHip;
-  if (spec.backend != platform_backend) {
+  VendorBackend& backend = backend_for(platform.vendor);
+  if (spec.backend != backend.kind()) {
     throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' is a {} kernel; target {} needs a {} one", spec.name,
-                                                     backend_name(spec.backend), platform.arch, backend_name(platform_backend)));
+                                                     backend_name(spec.backend), platform.arch, backend_name(backend.kind())));
   }
   const Specialization s = spec.specialize(sig, platform);
   CompileRequest r;
-  r.compiler = compiler_for(platform, jit_settings());
+  r.compiler = backend.compiler_for(platform, jit_settings());
   r.kernel_name = spec.name;
   r.target = platform.arch;
   r.name_expression = s.name_expression;
-  r.options = base_options(r.compiler);
+  r.options = backend.base_options(r.compiler);
   r.options.insert(r.options.end(), s.options.begin(), s.options.end());
   // Built-in kernels are headers of templates: the program includes the header and NVRTC
   // instantiates the name expression. Plugin kernels bring their whole program as text.
@@ -231,7 +192,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   row.op = request.op;
   row.signature = request.signature;
   row.target = request.target;
-  row.backend = request.compiler == CompilerKind::kNvrtc ? "cuda" : "hip";
+  row.backend = backend_for(request.compiler).name();
   row.compiler = identity;
   row.options = fmt::format("{}", fmt::join(request.options, " "));
   row.entry = binary->result.lowered_name;
@@ -244,7 +205,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
 }  // namespace
 
 std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check, bool* shared) {
-  const std::string& identity = compiler_identity(request.compiler);
+  const std::string identity = compiler_identity(request.compiler);
   const KernelKey key = compute_key(request, identity);
   CompileTable& table = compile_table();
   std::promise<std::shared_ptr<const CompiledBinary>> promise;
@@ -276,48 +237,40 @@ std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& reque
   return future.get();
 }
 
-// Allocates the kernel's workspace for this call, when it asks for one, as `Scratch` (the
-// vendor's stream-ordered scratch, built from (bytes, zeroed bytes)) and points the parameter
-// block's field at it; the scratch is freed on the stream after the launch.
-template <typename Scratch, typename... Where>
-void attach_workspace(const LoadedKernel& kernel, const OperatorCall& call, const Platform& platform, std::optional<Scratch>& scratch,
-                      Where... where) {
+namespace {
+
+// The kernel's workspace for this call, when it asks for one, pointed to by the parameter block's
+// field; freed on the stream after the launch.
+void attach_workspace(const LoadedKernel& kernel, const OperatorCall& call, const LaunchScope& scope, std::optional<ScopedScratch>& scratch) {
   if (!kernel.spec->workspace_bytes) return;
   if (call.workspace == nullptr) {
     throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel.spec->name));
   }
+  const Platform& platform = *scope.platform;
   const size_t bytes = kernel.spec->workspace_bytes(call.params, platform);
   if (bytes == 0) return;  // this call needs none (an unsplit decode), and the field stays null
   const size_t zeroed = kernel.spec->workspace_zeroed_bytes ? kernel.spec->workspace_zeroed_bytes(call.params, platform) : bytes;
-  scratch.emplace(where..., bytes, zeroed, call.stream);
+  scratch.emplace(*kernel.backend, scope, bytes, zeroed, call.stream);
   *call.workspace = scratch->pointer();
 }
 
+}  // namespace
+
 void run_operator(const OperatorCall& call) {
-  if (launch_vendor() == Vendor::kAmd) {
-    const Platform& platform = hip::device_platform(call.device);
-    const auto kernel = find_loaded(call, platform, &platform);
-    if (kernel->spec->tensor_maps) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs tensor maps, which kiln provides on NVIDIA only", kernel->spec->name));
-    }
-    const LaunchShape shape = kernel->spec->launch_shape(call.params, platform);
-    std::optional<hip::StreamScratch> scratch;  // freed on the stream after the launch
-    attach_workspace(*kernel, call, platform, scratch, call.device);
-    hip::launch(call.device, kernel->hip_function.function, shape, call.params, call.stream, kernel->spec->name);
-    return;
-  }
-  cuda::Device& dev = cuda::device(call.device);
-  cuda::ScopedContext context(dev);
-  const auto kernel = find_loaded(call, dev.platform, context.get());
-  const LaunchShape shape = kernel->spec->launch_shape(call.params, dev.platform);
-  std::optional<cuda::StreamScratch> scratch;  // freed on the stream after the launch
-  attach_workspace(*kernel, call, dev.platform, scratch);
+  VendorBackend& backend = launch_backend();
+  const ScopedLaunch launch(backend, call.device);
+  const LaunchScope& scope = launch.get();
+  const auto kernel = find_loaded(call, backend, scope);
+  const Platform& platform = *scope.platform;
+  const LaunchShape shape = kernel->spec->launch_shape(call.params, platform);
+  std::optional<ScopedScratch> scratch;  // freed on the stream after the launch
+  attach_workspace(*kernel, call, scope, scratch);
   if (kernel->spec->tensor_maps) {
-    for (const TensorMapRequest& map : kernel->spec->tensor_maps(call.params, dev.platform)) {
-      cuda::encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);
+    for (const TensorMapRequest& map : kernel->spec->tensor_maps(call.params, platform)) {
+      backend.encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);
     }
   }
-  cuda::launch(kernel->cuda_function.function, kernel->cuda_limits, shape, call.params, call.stream, kernel->spec->name);
+  backend.launch(scope, kernel->function, shape, call.params, call.stream, kernel->spec->name);
 }
 
 }  // namespace kiln::detail

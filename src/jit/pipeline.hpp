@@ -5,7 +5,7 @@
 #include <functional>
 #include <memory>
 
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
 #include "jit/key.hpp"
 #include "kiln/registry.hpp"
 

@@ -5,8 +5,9 @@
 
 #include "attention/params.h"
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
-#include "ops/dispatch.hpp"
+#include "kiln/author.hpp"
+#include "jit/operator_call.hpp"
+#include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
 namespace kiln {
@@ -109,21 +110,6 @@ void validate(const MhaDecodeArgs& a) {
   }
 }
 
-Signature signature_of(const MhaDecodeArgs& a) {
-  Signature sig({kFamilyAttention, kModeDecode});
-  sig.set("dtype", dtype_name(a.q.dtype));
-  sig.set("kv_dtype", dtype_name(a.k_cache.dtype));
-  sig.set("head_dim", a.q.size(2));
-  sig.set("group", a.q.size(1) / a.k_cache.size(2));
-  sig.set("page_size", a.k_cache.size(1));
-  sig.set("q_len", int64_t{a.q_len});
-  sig.set_flag("window", a.window_left >= 0);
-  sig.set_flag("sinks", a.sinks.defined());
-  sig.set_flag("softcap", a.softcap > 0);
-  sig.set_flag("lse", a.lse.defined());
-  return sig;
-}
-
 void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
   validate(a);
   KilnDecodeParams p{};
@@ -160,12 +146,9 @@ void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
   p.k_scale = a.k_cache.dtype == DType::kF8E4M3 ? a.k_scale : 1.0f;
   p.v_scale = a.k_cache.dtype == DType::kF8E4M3 ? a.v_scale : 1.0f;
   if (a.q.numel() == 0) return;
-  detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MhaDecodeArgs*>(x)); },
+  detail::OperatorCall call{detail::decode_signature_table().call_key(a),
+                            [](const void* x) { return signature_of(*static_cast<const MhaDecodeArgs*>(x)); },
                             &a, a.q.device, &p, stream, &p.workspace};
-  call.key.op = 2;
-  call.key.fields = {static_cast<int64_t>(a.q.dtype), static_cast<int64_t>(a.k_cache.dtype), a.q.size(2),
-                     a.q.size(1) / a.k_cache.size(2), a.k_cache.size(1), a.q_len, a.window_left >= 0,
-                     a.sinks.defined(), a.softcap > 0, a.lse.defined()};
   detail::run_operator(call);
 }
 

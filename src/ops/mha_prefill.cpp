@@ -1,4 +1,4 @@
-// mha_prefill: argument validation, the selector's signature, and the parameter block.
+// mha_prefill: argument validation and the parameter block.
 #include <cmath>
 #include <vector>
 
@@ -6,8 +6,9 @@
 
 #include "attention/params.h"
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
-#include "ops/dispatch.hpp"
+#include "kiln/author.hpp"
+#include "jit/operator_call.hpp"
+#include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
 namespace kiln {
@@ -105,19 +106,6 @@ void validate(const MhaPrefillArgs& a) {
   if (a.window_left < -1) invalid_argument(fmt::format("window_left: must be -1 (none) or >= 0, got {}", a.window_left));
 }
 
-Signature signature_of(const MhaPrefillArgs& a) {
-  Signature sig({kFamilyAttention, kModePrefill});
-  sig.set("dtype", dtype_name(a.q.dtype));
-  sig.set("head_dim", a.q.size(2));
-  sig.set("group", a.q.size(1) / a.k.size(1));
-  sig.set_flag("causal", a.causal);
-  sig.set_flag("window", a.window_left >= 0);
-  sig.set_flag("sinks", a.sinks.defined());
-  sig.set_flag("softcap", a.softcap > 0);
-  sig.set_flag("lse", a.lse.defined());
-  return sig;
-}
-
 void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   validate(a);
   KilnPrefillParams p{};
@@ -151,11 +139,8 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   p.total_q = static_cast<int>(a.q.size(0));
   p.total_k = static_cast<int>(a.k.size(0));
   if (a.q.numel() == 0) return;  // nothing to compute
-  detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); },
-                            &a, a.q.device, &p, stream};
-  call.key.op = 1;
-  call.key.fields = {static_cast<int64_t>(a.q.dtype), a.q.size(2), a.q.size(1) / a.k.size(1), a.causal,
-                     a.window_left >= 0, a.sinks.defined(), a.softcap > 0, a.lse.defined()};
+  detail::OperatorCall call{detail::prefill_signature_table().call_key(a),
+                            [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); }, &a, a.q.device, &p, stream};
   detail::run_operator(call);
 }
 

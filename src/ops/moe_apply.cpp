@@ -2,9 +2,10 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
+#include "kiln/author.hpp"
 #include "moe/params.h"
-#include "ops/dispatch.hpp"
+#include "jit/operator_call.hpp"
+#include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
 namespace kiln {
@@ -18,15 +19,6 @@ using detail::invalid_argument;
 namespace {
 
 bool is_mxfp4(DType t) { return t == DType::kF4E2M1x2 || t == DType::kF4E2M1x2Prepared; }
-
-const char* weights_name(DType t) {
-  return t == DType::kF4E2M1x2 ? "mxfp4" : t == DType::kF4E2M1x2Prepared ? "mxfp4_prepared" : "bf16";
-}
-
-const char* routing_name(const MoeArgs& a) {
-  if (!a.router_logits.defined()) return "precomputed";
-  return a.routing == MoeRouting::kTopkThenSoftmax ? "topk_softmax" : "softmax_topk";
-}
 
 }  // namespace
 
@@ -119,26 +111,6 @@ void validate(const MoeArgs& a) {
   check_same_device(a.topk_weights, "topk_weights", a.x, "x");
 }
 
-Signature signature_of(const MoeArgs& a) {
-  Signature sig({kFamilyMoe, kModeApply});
-  sig.set("dtype", dtype_name(a.x.dtype));
-  sig.set("weights", weights_name(a.w13.dtype));
-  sig.set("hidden", a.x.size(1));
-  sig.set("inter", a.w13.size(1) / 2);
-  sig.set("experts", a.w13.size(0));
-  sig.set("top_k", int64_t{a.top_k});
-  sig.set("routing", routing_name(a));
-  if (a.router_logits.defined()) {
-    sig.set("logits", dtype_name(a.router_logits.dtype));
-    if (a.routing == MoeRouting::kSoftmaxThenTopk) sig.set_flag("renormalize", a.renormalize);
-  }
-  sig.set("activation", a.activation == MoeActivation::kSiluGlu ? "silu_glu" : "swiglu_clamped");
-  sig.set("layout", a.gate_up_layout == GateUpLayout::kConcatenated ? "concat" : "interleaved");
-  sig.set("w13_bias", a.w13_bias.defined() ? dtype_name(a.w13_bias.dtype) : "none");
-  sig.set("w2_bias", a.w2_bias.defined() ? dtype_name(a.w2_bias.dtype) : "none");
-  return sig;
-}
-
 void moe_apply(const MoeArgs& a, Stream stream) {
   validate(a);
   KilnMoeParams p{};
@@ -176,14 +148,9 @@ void moe_apply(const MoeArgs& a, Stream stream) {
   p.top_k = a.top_k;
   p.renormalize = a.renormalize ? 1 : 0;
   if (a.x.numel() == 0) return;
-  detail::OperatorCall call{{}, [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); },
-                            &a, a.x.device, &p, stream, &p.workspace};
-  call.key.op = 3;
-  auto dtype_or_none = [](const TensorView& t) { return t.defined() ? static_cast<int64_t>(t.dtype) : int64_t{-1}; };
-  call.key.fields = {static_cast<int64_t>(a.x.dtype), static_cast<int64_t>(a.w13.dtype), a.x.size(1), a.w13.size(1) / 2,
-                     a.w13.size(0), a.top_k, a.router_logits.defined() ? static_cast<int64_t>(a.routing) : int64_t{-1},
-                     dtype_or_none(a.router_logits), a.renormalize, static_cast<int64_t>(a.activation),
-                     static_cast<int64_t>(a.gate_up_layout), dtype_or_none(a.w13_bias), dtype_or_none(a.w2_bias)};
+  detail::OperatorCall call{detail::moe_signature_table().call_key(a),
+                            [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); }, &a, a.x.device, &p, stream,
+                            &p.workspace};
   detail::run_operator(call);
 }
 

@@ -8,12 +8,10 @@
 
 #include <fmt/format.h>
 
-#include "backends/cuda/device.hpp"
-#include "backends/cuda/driver.hpp"
+#include "backends/backend.hpp"
 #include "kiln/error.hpp"
 #include "kiln/ops.hpp"
 #include "moe/mxfp4_prepared.h"
-#include "ops/dispatch.hpp"
 #include "ops/validate.hpp"
 
 namespace kiln {
@@ -47,21 +45,21 @@ void prepare_host_bytes(uint8_t* bytes, size_t count) {
   }
 }
 
-// NVIDIA device memory: each piece is copied out, prepared and copied back, in stream order; the
-// call returns once the last piece is back.
-void prepare_cuda_bytes(const TensorView& w, size_t count, Stream stream) {
+// Device memory: each piece is copied out, prepared and copied back, in stream order; the call
+// returns once the last piece is back.
+void prepare_device_bytes(const TensorView& w, size_t count, Stream stream) {
   constexpr size_t kPieceBytes = size_t{64} << 20;
-  detail::cuda::ScopedContext context(detail::cuda::device(w.device));
-  const auto cu_stream = static_cast<CUstream>(stream);
+  detail::VendorBackend& backend = detail::launch_backend();
+  const detail::ScopedLaunch scope(backend, w.device);
   std::vector<uint8_t> piece(std::min(count, kPieceBytes));
-  const auto base = reinterpret_cast<CUdeviceptr>(w.data);
+  auto* base = static_cast<uint8_t*>(w.data);
   for (size_t at = 0; at < count; at += kPieceBytes) {
     const size_t bytes = std::min(kPieceBytes, count - at);
-    KILN_CU_CALL(cuMemcpyDtoHAsync, piece.data(), base + at, bytes, cu_stream);
-    KILN_CU_CALL(cuStreamSynchronize, cu_stream);
+    backend.copy_to_host(piece.data(), base + at, bytes, stream);
+    backend.synchronize(stream);
     prepare_host_bytes(piece.data(), bytes);
-    KILN_CU_CALL(cuMemcpyHtoDAsync, base + at, piece.data(), bytes, cu_stream);
-    KILN_CU_CALL(cuStreamSynchronize, cu_stream);  // before `piece` is reused or freed
+    backend.copy_to_device(base + at, piece.data(), bytes, stream);
+    backend.synchronize(stream);  // before `piece` is reused or freed
   }
 }
 
@@ -82,10 +80,7 @@ TensorView moe_prepare_weights(const TensorView& w, Stream stream) {
   if (w.device == kHostDevice) {
     prepare_host_bytes(static_cast<uint8_t*>(w.data), count);
   } else if (count > 0) {
-    if (detail::launch_vendor() != Vendor::kNvidia) {
-      invalid_argument("weights: AMD device memory is not prepared (moe.apply.mfma reads the standard MXFP4 layout); pass it unprepared");
-    }
-    prepare_cuda_bytes(w, count, stream);
+    prepare_device_bytes(w, count, stream);
   }
   TensorView prepared = w;
   prepared.dtype = DType::kF4E2M1x2Prepared;

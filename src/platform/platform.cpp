@@ -22,6 +22,24 @@ struct KnownTarget {
   int warp_size;
 };
 
+// What differs between vendors in naming targets and devices, as data.
+struct VendorTraits {
+  Vendor vendor;
+  const char* name;
+  const char* multiprocessors;  // what its multiprocessors are called
+  bool target_flags;            // whether a target may carry ":feature+" flags
+};
+constexpr VendorTraits kVendors[] = {
+    {Vendor::kNvidia, "nvidia", "SMs", false},
+    {Vendor::kAmd, "amd", "CUs", true},
+};
+const VendorTraits& traits(Vendor vendor) {
+  for (const auto& t : kVendors) {
+    if (t.vendor == vendor) return t;
+  }
+  throw Error(ErrorCode::kInternal, fmt::format("unknown vendor {}", static_cast<int>(vendor)));
+}
+
 constexpr size_t kKiB = 1024;
 constexpr size_t kMiB = 1024 * 1024;
 
@@ -64,7 +82,7 @@ const std::vector<KnownTarget>& table() {
 
 }  // namespace
 
-const char* vendor_name(Vendor vendor) { return vendor == Vendor::kNvidia ? "nvidia" : "amd"; }
+const char* vendor_name(Vendor vendor) { return traits(vendor).name; }
 
 bool Platform::has_feature(const std::string& feature) const {
   return std::find(features.begin(), features.end(), feature) != features.end();
@@ -73,7 +91,7 @@ bool Platform::has_feature(const std::string& feature) const {
 std::string Platform::describe() const {
   return fmt::format("{} {} ({}; {} {}, {} KiB shared memory per block, {} MiB L2, warp {})",
                      vendor_name(vendor), arch, detected ? device_name : "described, not detected",
-                     multiprocessor_count, vendor == Vendor::kNvidia ? "SMs" : "CUs",
+                     multiprocessor_count, traits(vendor).multiprocessors,
                      shared_memory_per_block / kKiB, l2_bytes / kMiB, warp_size);
 }
 
@@ -89,7 +107,7 @@ Platform platform_for_target(const std::string& arch) {
   const std::string base = arch.substr(0, arch.find(':'));
   for (const auto& t : table()) {
     if (base != t.arch) continue;
-    if (base != arch && t.vendor != Vendor::kAmd) break;  // "sm_90a:foo" is not a target
+    if (base != arch && !traits(t.vendor).target_flags) break;  // "sm_90a:foo" is not a target
     Platform p;
     p.vendor = t.vendor;
     p.arch = arch;

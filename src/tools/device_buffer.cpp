@@ -2,45 +2,44 @@
 
 #include <cmath>
 
-#include "backends/cuda/driver.hpp"
+#include "backends/backend.hpp"
 #include "kiln/platform.hpp"
 
 namespace kiln::tools {
 
+namespace {
+
+detail::VendorBackend& gpu() { return detail::launch_backend(); }
+
+}  // namespace
+
 bool use_first_gpu() {
   if (detect_devices().devices.empty()) return false;
-  CUdevice dev = 0;
-  CUcontext ctx = nullptr;
-  KILN_CU_CALL(cuDeviceGet, &dev, 0);
-  KILN_CU_CALL(cuDevicePrimaryCtxRetain, &ctx, dev);
-  KILN_CU_CALL(cuCtxSetCurrent, ctx);
+  // Entered and never left: device 0 stays current for this thread, as the tools expect.
+  gpu().enter(0);
   return true;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes ? bytes : 16) { KILN_CU_CALL(cuMemAlloc, &ptr_, bytes_); }
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) KILN_CU_FN(cuMemFree)(ptr_);
-}
+DeviceBuffer::DeviceBuffer(size_t bytes) : ptr_(gpu().device_alloc(bytes ? bytes : 16)), bytes_(bytes ? bytes : 16) {}
+DeviceBuffer::~DeviceBuffer() { gpu().device_free(ptr_); }
 void DeviceBuffer::upload(const void* host, size_t bytes) {
-  if (bytes) KILN_CU_CALL(cuMemcpyHtoD, ptr_, host, bytes);
+  if (bytes == 0) return;
+  gpu().copy_to_device(ptr_, host, bytes, nullptr);
+  gpu().synchronize(nullptr);
 }
 void DeviceBuffer::download(void* host, size_t bytes) const {
-  if (bytes) KILN_CU_CALL(cuMemcpyDtoH, host, ptr_, bytes);
+  if (bytes == 0) return;
+  gpu().copy_to_host(host, ptr_, bytes, nullptr);
+  gpu().synchronize(nullptr);
 }
-void DeviceBuffer::fill_bytes(uint8_t value) { KILN_CU_CALL(cuMemsetD8, ptr_, value, bytes_); }
-void synchronize() { KILN_CU_CALL(cuCtxSynchronize); }
+void DeviceBuffer::fill_bytes(uint8_t value) { gpu().memset(ptr_, value, bytes_); }
+void synchronize() { gpu().synchronize_device(); }
 
-Event::Event() { KILN_CU_CALL(cuEventCreate, &event_, CU_EVENT_DEFAULT); }
-Event::~Event() {
-  if (event_) KILN_CU_FN(cuEventDestroy)(event_);
-}
-void Event::record() { KILN_CU_CALL(cuEventRecord, event_, nullptr); }
-void Event::wait() const { KILN_CU_CALL(cuEventSynchronize, event_); }
-float Event::since(const Event& start) const {
-  float ms = 0;
-  KILN_CU_CALL(cuEventElapsedTime, &ms, start.event_, event_);
-  return ms;
-}
+Event::Event() : event_(gpu().event_create()) {}
+Event::~Event() { gpu().event_destroy(event_); }
+void Event::record() { gpu().event_record(event_, nullptr); }
+void Event::wait() const { gpu().event_synchronize(event_); }
+float Event::since(const Event& start) const { return gpu().event_elapsed_ms(start.event_, event_); }
 
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale) {
   std::normal_distribution<float> dist(0.0f, scale);

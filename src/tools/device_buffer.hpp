@@ -1,9 +1,6 @@
-// Helpers for the GPU tools and tests (kiln check, kiln bench, tests/gpu): a primary context made
-// current, and RAII device buffers and events through the driver API (the same dlopen()ed driver
-// kiln uses).
+// Helpers for the GPU tools and tests (kiln check, kiln bench, tests/gpu): the first GPU made
+// current, and RAII device buffers and events through the backend interface.
 #pragma once
-
-#include <cuda.h>
 
 #include <cstdint>
 #include <cstring>
@@ -24,9 +21,9 @@ class DeviceBuffer {
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) { other.ptr_ = 0; }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) { other.ptr_ = nullptr; }
   DeviceBuffer& operator=(DeviceBuffer&&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  void* get() const { return ptr_; }
   size_t bytes() const { return bytes_; }
   void upload(const void* host, size_t bytes);
   void download(void* host, size_t bytes) const;
@@ -46,13 +43,13 @@ class DeviceBuffer {
   }
 
  private:
-  CUdeviceptr ptr_ = 0;
+  void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 void synchronize();
 
-// A CUDA event for timing on the default stream.
+// A timing event on the default stream.
 class Event {
  public:
   Event();
@@ -65,7 +62,7 @@ class Event {
   void wait() const;
 
  private:
-  CUevent event_ = nullptr;
+  void* event_ = nullptr;
 };
 
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
+#include "kiln/author.hpp"
 #include "moe/mxfp4_prepared.h"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/env.hpp"
+#include "jit/operator_call.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
 #include "kiln/warmup.hpp"
@@ -110,6 +111,9 @@ void capture_signature(const Signature& sig) {
     s.path.clear();
   }
 }
+
+// Shape capture watches the JIT layer's misses from the moment libkiln is loaded.
+const bool kCaptureInstalled = (set_miss_observer(&capture_signature), true);
 
 }  // namespace detail
 }  // namespace kiln

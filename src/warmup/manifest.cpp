@@ -11,7 +11,7 @@
 
 #include "core/embedded_file.hpp"
 #include "kiln/error.hpp"
-#include "kiln/ops.hpp"
+#include "kiln/author.hpp"
 #include "kiln/warmup.hpp"
 
 namespace kiln {

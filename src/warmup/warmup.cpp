@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "kiln/error.hpp"
+#include "kiln/platform.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/warmup.hpp"
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
 #include "jit/compiler.hpp"
 #include "kiln/error.hpp"
 

@@ -3,6 +3,7 @@
 
 #include <kiln/kiln.h>
 #include <kiln/kiln.hpp>
+#include <kiln/author.hpp>
 
 int main() {
   const auto kernels = kiln::Registry::global().kernels();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kiln/author.hpp"
 #include "kiln/registry.hpp"
 
 namespace kiln::test {

@@ -23,6 +23,7 @@
 
 #include "backends/cuda/nvrtc.hpp"
 #include "jit/pipeline.hpp"
+#include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 #include "support/signatures.hpp"
 

@@ -111,7 +111,8 @@ Device& device(int index) {
   return *it->second;
 }
 
-ScopedContext::ScopedContext(Device& dev) {
+CUcontext enter_context(Device& dev, bool* pushed) {
+  *pushed = false;
   CUcontext current = nullptr;
   KILN_CU_CALL(cuCtxGetCurrent, &current);
   if (current != nullptr) {
@@ -122,23 +123,27 @@ ScopedContext::ScopedContext(Device& dev) {
       KILN_CU_CALL(cuCtxGetDevice, &last_device);
       last_context = current;
     }
-    if (last_device == dev.handle) {
-      context_ = current;
-      return;
-    }
+    if (last_device == dev.handle) return current;
   }
   std::call_once(dev.primary_once, [&] { KILN_CU_CALL(cuDevicePrimaryCtxRetain, &dev.primary, dev.handle); });
   KILN_CU_CALL(cuCtxPushCurrent, dev.primary);
-  context_ = dev.primary;
-  pushed_ = true;
+  *pushed = true;
+  return dev.primary;
 }
 
-ScopedContext::~ScopedContext() {
-  if (pushed_) {
+void leave_context(bool pushed) noexcept {
+  if (!pushed) return;
+  try {
     CUcontext popped = nullptr;
     KILN_CU_FN(cuCtxPopCurrent)(&popped);
+  } catch (...) {
+    // Unreachable: the push resolved the driver, and cuCtxPopCurrent is in every driver.
   }
 }
+
+ScopedContext::ScopedContext(Device& dev) : context_(enter_context(dev, &pushed_)) {}
+
+ScopedContext::~ScopedContext() { leave_context(pushed_); }
 
 LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name,
                              const std::string& kernel_name) {
@@ -222,23 +227,30 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
   }
 }
 
-StreamScratch::StreamScratch(size_t bytes, size_t zeroed_bytes, Stream stream) : stream_(static_cast<CUstream>(stream)) {
-  // KILN_POISON_WORKSPACE=1 fills the bytes past `zeroed_bytes` with 0xFF (NaN floats, -1 ints), so
-  // a kernel that reads scratch it did not write fails its tests instead of reading an earlier
-  // call's values. Read before allocating: a malformed value throws.
+void* scratch_alloc(size_t bytes, size_t zeroed_bytes, Stream stream) {
+  // Read before allocating: a malformed value throws.
   const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
-  KILN_CU_CALL(cuMemAllocAsync, &pointer_, bytes, stream_);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  CUdeviceptr pointer = 0;
+  KILN_CU_CALL(cuMemAllocAsync, &pointer, bytes, cu_stream);
   zeroed_bytes = std::min(zeroed_bytes, bytes);
-  CUresult cleared = zeroed_bytes ? KILN_CU_FN(cuMemsetD8Async)(pointer_, 0, zeroed_bytes, stream_) : CUDA_SUCCESS;
+  CUresult cleared = zeroed_bytes ? KILN_CU_FN(cuMemsetD8Async)(pointer, 0, zeroed_bytes, cu_stream) : CUDA_SUCCESS;
   if (cleared == CUDA_SUCCESS && poison && zeroed_bytes < bytes) {
-    cleared = KILN_CU_FN(cuMemsetD8Async)(pointer_ + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream_);
+    cleared = KILN_CU_FN(cuMemsetD8Async)(pointer + zeroed_bytes, 0xFF, bytes - zeroed_bytes, cu_stream);
   }
   if (cleared != CUDA_SUCCESS) {
-    KILN_CU_FN(cuMemFreeAsync)(pointer_, stream_);
+    KILN_CU_FN(cuMemFreeAsync)(pointer, cu_stream);
     throw_driver_error(cleared, "cuMemsetD8Async", __FILE__, __LINE__);
   }
+  return reinterpret_cast<void*>(pointer);
 }
 
-StreamScratch::~StreamScratch() { KILN_CU_FN(cuMemFreeAsync)(pointer_, stream_); }
+void scratch_free(void* pointer, Stream stream) noexcept {
+  try {
+    KILN_CU_FN(cuMemFreeAsync)(reinterpret_cast<CUdeviceptr>(pointer), static_cast<CUstream>(stream));
+  } catch (...) {
+    // Unreachable: scratch_alloc resolved the same driver.
+  }
+}
 
 }  // namespace kiln::detail::cuda

@@ -27,6 +27,12 @@ int device_count();  // initializes the driver; throws kiln::Error(kDriverError)
 // Detected once per index. Throws kiln::Error: no driver, index out of range, unknown arch.
 Device& device(int index);
 
+// Makes a context of `dev` current until leave_context(): the caller's current context when it
+// belongs to that device (an engine such as PyTorch made it), else the device's primary context
+// (pushed; `*pushed` says so).
+CUcontext enter_context(Device& dev, bool* pushed);
+void leave_context(bool pushed) noexcept;
+
 // Makes a context of `dev` current for the scope: the caller's current context when it belongs
 // to that device (an engine such as PyTorch made it), else the device's primary context.
 class ScopedContext {
@@ -79,21 +85,11 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
             const std::string& kernel_name);
 
 // Device memory ordered on `stream`: allocated from the current device's memory pool
-// (cuMemAllocAsync), its first `zeroed_bytes` cleared before any later work on the stream (the rest
-// holds whatever the pool hands over), freed on the stream when the
-// scope ends (cuMemFreeAsync), so it is released after the kernels enqueued meanwhile, and it is
-// capturable in a CUDA graph. Throws kiln::Error(kDriverError), e.g. when the pool is out of memory.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, size_t zeroed_bytes, Stream stream);
-  ~StreamScratch();
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  void* pointer() const { return reinterpret_cast<void*>(pointer_); }
-
- private:
-  CUdeviceptr pointer_ = 0;
-  CUstream stream_;
-};
+// (cuMemAllocAsync), its first `zeroed_bytes` cleared before any later work on the stream (the
+// rest holds whatever the pool hands over; 0xFF with KILN_POISON_WORKSPACE=1), freed on the stream
+// by scratch_free, so it is released after the kernels enqueued meanwhile, and capturable in a
+// CUDA graph. Throws kiln::Error(kDriverError), e.g. when the pool is out of memory.
+void* scratch_alloc(size_t bytes, size_t zeroed_bytes, Stream stream);
+void scratch_free(void* pointer, Stream stream) noexcept;
 
 }  // namespace kiln::detail::cuda

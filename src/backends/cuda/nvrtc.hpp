@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
 
 namespace kiln::detail::cuda {
 

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
 
 namespace kiln::detail::hip {
 

@@ -102,9 +102,9 @@ std::string string_field(const std::vector<uint8_t>& props, size_t offset) {
   return std::string(text, strnlen(text, 256));
 }
 
-void set_device(int index) { check(KILN_HIP_FN(SetDevice, "hipSetDevice")(index), "hipSetDevice"); }
-
 }  // namespace
+
+void set_device(int index) { check(KILN_HIP_FN(SetDevice, "hipSetDevice")(index), "hipSetDevice"); }
 
 std::string runtime_library_path() {
   runtime_symbol("hipGetDeviceCount");
@@ -205,24 +205,114 @@ void launch(int index, void* function, const LaunchShape& shape, const void* par
   }
 }
 
-StreamScratch::StreamScratch(int index, size_t bytes, size_t zeroed_bytes, Stream stream) : stream_(stream) {
+void* scratch_alloc(int index, size_t bytes, size_t zeroed_bytes, Stream stream) {
   // KILN_POISON_WORKSPACE=1: the bytes past `zeroed_bytes` become 0xFF, as on NVIDIA. Read before
   // allocating: a malformed value throws.
   const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
   set_device(index);
-  check(KILN_HIP_FN(MallocAsync, "hipMallocAsync")(&pointer_, bytes, stream_), "hipMallocAsync");
+  void* pointer = nullptr;
+  check(KILN_HIP_FN(MallocAsync, "hipMallocAsync")(&pointer, bytes, stream), "hipMallocAsync");
   zeroed_bytes = std::min(zeroed_bytes, bytes);
-  const auto memset = KILN_HIP_FN(MemsetD8Async, "hipMemsetD8Async");
-  hipError_t cleared = zeroed_bytes ? memset(pointer_, 0, zeroed_bytes, stream_) : kHipSuccess;
+  const auto memset_async = KILN_HIP_FN(MemsetD8Async, "hipMemsetD8Async");
+  hipError_t cleared = zeroed_bytes ? memset_async(pointer, 0, zeroed_bytes, stream) : kHipSuccess;
   if (cleared == kHipSuccess && poison && zeroed_bytes < bytes) {
-    cleared = memset(static_cast<unsigned char*>(pointer_) + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream_);
+    cleared = memset_async(static_cast<unsigned char*>(pointer) + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream);
   }
   if (cleared != kHipSuccess) {
-    KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer_, stream_);
+    KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer, stream);
     check(cleared, "hipMemsetD8Async");
+  }
+  return pointer;
+}
+
+void scratch_free(void* pointer, Stream stream) noexcept {
+  try {
+    KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer, stream);
+  } catch (...) {
+    // The runtime that allocated it is loaded: resolving the symbol cannot fail here.
   }
 }
 
-StreamScratch::~StreamScratch() { KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer_, stream_); }
+// hipMemcpyKind values of the HIP ABI.
+constexpr int kHipMemcpyHostToDevice = 1;
+constexpr int kHipMemcpyDeviceToHost = 2;
+using RuntimeGetVersion = hipError_t (*)(int*);
+using MemGetInfo = hipError_t (*)(size_t*, size_t*);
+using Malloc = hipError_t (*)(void**, size_t);
+using Free = hipError_t (*)(void*);
+using Memset = hipError_t (*)(void*, int, size_t);
+using MemcpyAsync = hipError_t (*)(void*, const void*, size_t, int, void*);
+using StreamSynchronize = hipError_t (*)(void*);
+using EventCreate = hipError_t (*)(void**);
+using EventDestroy = hipError_t (*)(void*);
+using EventRecord = hipError_t (*)(void*, void*);
+using EventSynchronize = hipError_t (*)(void*);
+using EventElapsedTime = hipError_t (*)(float*, void*, void*);
+
+int runtime_version() {
+  int version = 0;
+  check(KILN_HIP_FN(RuntimeGetVersion, "hipRuntimeGetVersion")(&version), "hipRuntimeGetVersion");
+  return version;
+}
+
+std::pair<size_t, size_t> memory_info(int index) {
+  set_device(index);
+  size_t free_bytes = 0, total_bytes = 0;
+  check(KILN_HIP_FN(MemGetInfo, "hipMemGetInfo")(&free_bytes, &total_bytes), "hipMemGetInfo");
+  return {free_bytes, total_bytes};
+}
+
+void* device_alloc(size_t bytes) {
+  void* pointer = nullptr;
+  check(KILN_HIP_FN(Malloc, "hipMalloc")(&pointer, bytes), "hipMalloc");
+  return pointer;
+}
+
+void device_free(void* pointer) noexcept {
+  try {
+    if (pointer != nullptr) KILN_HIP_FN(Free, "hipFree")(pointer);
+  } catch (...) {
+    // Freed memory came from this runtime: it is loaded.
+  }
+}
+
+void memset(void* device_pointer, uint8_t value, size_t bytes) {
+  check(KILN_HIP_FN(Memset, "hipMemset")(device_pointer, value, bytes), "hipMemset");
+}
+
+void copy(void* destination, const void* source, size_t bytes, bool to_device, Stream stream) {
+  check(KILN_HIP_FN(MemcpyAsync, "hipMemcpyAsync")(destination, source, bytes, to_device ? kHipMemcpyHostToDevice : kHipMemcpyDeviceToHost,
+                                                  stream),
+        "hipMemcpyAsync");
+}
+
+void synchronize(Stream stream) { check(KILN_HIP_FN(StreamSynchronize, "hipStreamSynchronize")(stream), "hipStreamSynchronize"); }
+
+using DeviceSynchronize = hipError_t (*)();
+void synchronize_device() { check(KILN_HIP_FN(DeviceSynchronize, "hipDeviceSynchronize")(), "hipDeviceSynchronize"); }
+
+void* event_create() {
+  void* event = nullptr;
+  check(KILN_HIP_FN(EventCreate, "hipEventCreate")(&event), "hipEventCreate");
+  return event;
+}
+
+void event_destroy(void* event) noexcept {
+  try {
+    if (event != nullptr) KILN_HIP_FN(EventDestroy, "hipEventDestroy")(event);
+  } catch (...) {
+    // Events came from this runtime: it is loaded.
+  }
+}
+
+void event_record(void* event, Stream stream) { check(KILN_HIP_FN(EventRecord, "hipEventRecord")(event, stream), "hipEventRecord"); }
+
+void event_synchronize(void* event) { check(KILN_HIP_FN(EventSynchronize, "hipEventSynchronize")(event), "hipEventSynchronize"); }
+
+float event_elapsed_ms(void* start, void* stop) {
+  float ms = 0;
+  check(KILN_HIP_FN(EventElapsedTime, "hipEventElapsedTime")(&ms, start, stop), "hipEventElapsedTime");
+  return ms;
+}
 
 }  // namespace kiln::detail::hip

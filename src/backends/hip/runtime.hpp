@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/platform.hpp"
@@ -41,19 +42,26 @@ void launch(int index, void* function, const LaunchShape& shape, const void* par
             const std::string& kernel_name);
 
 // A kernel's scratch on device `index`, allocated on `stream` (hipMallocAsync, from the device's
-// default memory pool), its first `zeroed_bytes` cleared on the stream, freed on the stream when
-// destroyed: the AMD counterpart of cuda::StreamScratch, with the same KILN_POISON_WORKSPACE.
-class StreamScratch {
- public:
-  StreamScratch(int index, size_t bytes, size_t zeroed_bytes, Stream stream);
-  ~StreamScratch();
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  void* pointer() const { return pointer_; }
+// default memory pool), its first `zeroed_bytes` cleared on the stream, freed on the stream by
+// scratch_free: the AMD counterpart of cuda::scratch_alloc, with the same KILN_POISON_WORKSPACE.
+void* scratch_alloc(int index, size_t bytes, size_t zeroed_bytes, Stream stream);
+void scratch_free(void* pointer, Stream stream) noexcept;
 
- private:
-  void* pointer_ = nullptr;
-  Stream stream_;
-};
+// Plain memory, copies and events of the current device, for tools (hipMalloc, hipMemcpyAsync,
+// hipEvent*). Throw kiln::Error(kDriverError).
+void set_device(int index);
+int runtime_version();
+std::pair<size_t, size_t> memory_info(int index);
+void* device_alloc(size_t bytes);
+void device_free(void* pointer) noexcept;
+void memset(void* device_pointer, uint8_t value, size_t bytes);
+void copy(void* destination, const void* source, size_t bytes, bool to_device, Stream stream);
+void synchronize(Stream stream);
+void synchronize_device();
+void* event_create();
+void event_destroy(void* event) noexcept;
+void event_record(void* event, Stream stream);
+void event_synchronize(void* event);
+float event_elapsed_ms(void* start, void* stop);
 
 }  // namespace kiln::detail::hip

@@ -1,5 +1,5 @@
 // The one path every operator takes after validation: select a kernel for the signature on the
-// device's platform, get it compiled and loaded (JIT pipeline), launch it on the caller's stream.
+// device's platform, get it compiled and loaded, launch it on the caller's stream.
 #pragma once
 
 #include <array>
@@ -15,7 +15,7 @@ namespace kiln::detail {
 // equal CallKeys mean equal Signatures. The hit path looks kernels up by this key, so it never
 // builds strings; the Signature is built only on a miss.
 struct CallKey {
-  int32_t op = 0;  // which operator; distinct per operator
+  const void* op = nullptr;  // which operator: the address of its signature table
   std::array<int64_t, 14> fields{};
   bool operator==(const CallKey&) const = default;
 };
@@ -36,8 +36,9 @@ struct OperatorCall {
 
 void run_operator(const OperatorCall& call);
 
-// The vendor whose GPUs this process launches on: NVIDIA when the CUDA driver reports a GPU, else
-// AMD when the HIP runtime does (decided once). Throws kDriverError when neither does.
-Vendor launch_vendor();
+// Called with the signature of every call that misses the loaded-kernel table (the warm-up
+// layer's shape capture installs one). Must not throw.
+using MissObserver = void (*)(const Signature& sig);
+void set_miss_observer(MissObserver observer);
 
 }  // namespace kiln::detail

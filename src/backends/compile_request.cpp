@@ -1,4 +1,4 @@
-#include "jit/compile_request.hpp"
+#include "backends/compile_request.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,0 +1,85 @@
+// One table per operator says which properties of a call decide its kernel. Both views of a call
+// are derived from it: the Signature the selector sees (built on a miss) and the packed CallKey
+// the hit path looks kernels up by (built on every call, without strings). Equal keys therefore
+// mean equal signatures.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "jit/operator_call.hpp"
+#include "kiln/author.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+
+// How a field's packed value is written in the signature.
+enum class FieldText {
+  kNumber,  // the value itself: head_dim=128
+  kFlag,    // 0 or 1: causal=1
+  kName,    // a name the field's `name_of` gives the value: dtype=bf16
+};
+
+template <typename Args>
+struct SignatureField {
+  const char* key;
+  FieldText text;
+  int64_t (*value)(const Args& args);
+  const char* (*name_of)(int64_t value) = nullptr;  // kName only
+  bool (*present)(const Args& args) = nullptr;      // optional fields: absent when it says false
+};
+
+// A CallKey slot for a field the call does not have.
+inline constexpr int64_t kAbsentField = std::numeric_limits<int64_t>::min();
+
+template <typename Args, size_t N>
+struct SignatureTable {
+  OperatorId op;
+  std::array<SignatureField<Args>, N> fields;
+
+  Signature signature(const Args& args) const {
+    Signature sig(op);
+    for (const auto& f : fields) {
+      if (f.present != nullptr && !f.present(args)) continue;
+      const int64_t v = f.value(args);
+      switch (f.text) {
+        case FieldText::kNumber: sig.set(f.key, v); break;
+        case FieldText::kFlag: sig.set_flag(f.key, v != 0); break;
+        case FieldText::kName: sig.set(f.key, f.name_of(v)); break;
+      }
+    }
+    return sig;
+  }
+
+  // `this` tells the operators apart: one table per operator.
+  CallKey call_key(const Args& args) const {
+    static_assert(N <= std::tuple_size<decltype(CallKey::fields)>::value, "CallKey has too few fields for this operator");
+    CallKey key;
+    key.op = this;
+    for (size_t i = 0; i < N; ++i) {
+      const auto& f = fields[i];
+      key.fields[i] = f.present != nullptr && !f.present(args) ? kAbsentField : f.value(args);
+    }
+    return key;
+  }
+
+  SignatureKeys keys() const {
+    SignatureKeys k;
+    for (const auto& f : fields) (f.present != nullptr ? k.optional : k.required).emplace_back(f.key);
+    return k;
+  }
+};
+
+template <typename Args, typename... Fields>
+SignatureTable<Args, sizeof...(Fields)> signature_table(OperatorId op, Fields... fields) {
+  return {std::move(op), {fields...}};
+}
+
+// The operators' tables (signatures.cpp).
+const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table();
+const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table();
+const SignatureTable<MoeArgs, 13>& moe_signature_table();
+
+}  // namespace kiln::detail
