@@ -20,7 +20,7 @@ namespace {
 
 uint32_t rotate_right(uint32_t w, unsigned n) { return (w >> n) | (w << (32 - n)); }
 
-// moe_stream.cuh's e2m1x8_to_tiny_bf16x2 (standard words) and e2m1x8_prepared_to_tiny_bf16x2.
+// apply_stream.cuh's e2m1x8_to_tiny_bf16x2 (standard words) and e2m1x8_prepared_to_tiny_bf16x2.
 std::array<uint32_t, 4> standard_decode(uint32_t w) {
   constexpr uint32_t kMagnitudes = 0x01C001C0u, kSigns = 0x80008000u;
   return {((w << 6) & kMagnitudes) | ((w << 12) & kSigns), ((w << 2) & kMagnitudes) | ((w << 8) & kSigns),

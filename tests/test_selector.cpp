@@ -324,7 +324,7 @@ TEST(Selector, AmdDecodeSplitsSmallBatches) {
 }
 
 // MoE on AMD: the matrix-core kernel up to 256 experts (one wavefront prefixes the counts, four a
-// lane), the reference beyond; one cooperative workgroup of 8 wavefronts per CU over moe_stream's
+// lane), the reference beyond; one cooperative workgroup of 8 wavefronts per CU over moe_apply_stream's
 // workspace, of which only the counters (the barrier's arrivals, counts, fill) are cleared.
 // Prepared MXFP4 weights: the stream kernel on NVIDIA (sm_80 up), the reference on AMD, whose
 // matrix-core kernel reads the standard layout only.

@@ -22,7 +22,7 @@
 #include "attention/decode_workspace.h"
 #include "attention/merge_states.cuh"
 #include "attention/params.h"
-#include "common/mma_sm80.cuh"
+#include "common/atomics.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {

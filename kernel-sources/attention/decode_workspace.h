@@ -1,5 +1,5 @@
 // Layout of the split decode kernel's workspace (attention/decode_merge.cuh), shared verbatim by
-// the kernel and its registration (src/kernels/attention_decode_split.cpp), which sizes the
+// the kernel and its registration (src/kernels/attention_decode_mma_split.cpp), which sizes the
 // allocation: plain C only. Only a split launch (grid (G, Hkv), G > batch) has a workspace.
 //   tickets  [batch * Hkv] int, zeroed by kiln before the launch: pieces done per (sequence,
 //            KV head) pair

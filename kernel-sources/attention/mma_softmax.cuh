@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/params.h"
+#include "common/fast_math.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 

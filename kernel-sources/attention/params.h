@@ -6,7 +6,7 @@
 
 #include "common/tensor_map.h"
 
-// The TMA maps of KilnPrefillParams::tensor_maps (attention/prefill_wgmma_window_sm90.cuh): 3-D
+// The TMA maps of KilnPrefillParams::tensor_maps (attention/prefill_wgmma_window.cuh): 3-D
 // over (head_dim, heads, rows), boxes of 64 elements x 1 head x the kernel's rows (16 for q, one
 // key block for k and v).
 enum { kPrefillMapQ = 0, kPrefillMapK = 1, kPrefillMapV = 2, kPrefillTensorMaps = 3 };

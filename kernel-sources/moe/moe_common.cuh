@@ -69,7 +69,7 @@ __device__ __forceinline__ float glu_activation(float gate, float up) {
 }
 
 // Serial routing of one token by one thread: picks top_k experts (ties go to the lower index) and
-// their weights (the reference kernel and moe_mfma).
+// their weights (the reference kernel and moe_apply_mfma).
 template <int kRouting, bool kLogitsBf16>
 __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* weights) {
   if (kRouting == kRoutingPrecomputed) {

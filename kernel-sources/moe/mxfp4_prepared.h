@@ -2,7 +2,7 @@
 // moe_prepare_weights): the bytes of OCP MX e2m1x2 rows (two values a byte along K, the e8m0
 // scales unchanged), with the 32 bits of every aligned 4-byte word -- values 8 w .. 8 w + 7 of a
 // row -- permuted so that moe.apply.stream turns a word into its four bf16 pairs with 4 rotations
-// and 5 masks instead of 8 shifts and 7 masks (moe_stream.cuh, e2m1x8_prepared_to_tiny_bf16x2).
+// and 5 masks instead of 8 shifts and 7 masks (apply_stream.cuh, e2m1x8_prepared_to_tiny_bf16x2).
 // Shared verbatim by kiln's host code and the kernels.
 //
 // Standard bit b of a word is bit b % 4 of value b / 4 (low nibble first; bit 0 the mantissa, 1

@@ -5,7 +5,7 @@
 
 #include "common/tensor_map.h"
 
-// The grouped-GEMM phases' operands (moe/moe_gemm_sm90.cuh), in KilnMoeParams::tensor_maps.
+// The grouped-GEMM phases' operands (moe/apply_stream_gemm_sm90.cuh), in KilnMoeParams::tensor_maps.
 // A rows come in boxes of 64, weight rows in boxes of 256, or of 32 for W13 with gate and up
 // concatenated (whose copies interleave them by warpgroup).
 enum { kMoeMapXGrouped = 0, kMoeMapW13 = 1, kMoeMapW13By32 = 2, kMoeMapAct = 3, kMoeMapW2 = 4, kMoeTensorMaps = 5 };
@@ -36,6 +36,6 @@ struct KilnMoeParams {
   // (KernelSpec::workspace_bytes); null otherwise.
   void* workspace;
   // TMA tensor maps of the grouped-GEMM phases, encoded by kiln at launch after the workspace is
-  // set (KernelSpec::tensor_maps, src/kernels/moe_stream.cpp); left zero on other paths.
+  // set (KernelSpec::tensor_maps, src/kernels/moe_apply_stream.cpp); left zero on other paths.
   KilnTensorMap tensor_maps[kMoeTensorMaps];
 };

@@ -1,11 +1,11 @@
-// Layout of moe_stream's workspace (moe/moe_stream.cuh; AMD's moe_mfma.cuh uses it too), shared
-// verbatim by the kernels and their registrations (src/kernels/moe_stream.cpp, moe_mfma.cpp),
+// Layout of moe_apply_stream's workspace (moe/apply_stream.cuh; AMD's apply_mfma.cuh uses it too), shared
+// verbatim by the kernels and their registrations (src/kernels/moe_apply_stream.cpp, moe_apply_mfma.cpp),
 // which size the allocation: plain C only.
 // Byte offsets, each region aligned to 256 bytes. Where tokens are routed in the grid (not in every
 // CTA), gemm_counters, counts and fill must start at zero (kiln clears the bytes before `ids`);
 // the kernel writes every other region before reading it. The grid-wide barriers use the driver's
-// word for the cooperative launch, which needs no clearing (moe_stream.cuh).
-//   gemm_counters  2 x int, the grouped GEMMs' tile counters (up, down); on AMD, moe_mfma's
+// word for the cooperative launch, which needs no clearing (apply_stream.cuh).
+//   gemm_counters  2 x int, the grouped GEMMs' tile counters (up, down); on AMD, moe_apply_mfma's
 //             grid barrier counts its arrivals in the first
 //   counts    [E] int, tokens routed to each expert
 //   fill      [E] int, the scatter's cursor per expert
@@ -24,7 +24,7 @@
 
 #include "common/host_device.h"
 
-// The grouped-GEMM phases (moe/moe_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
+// The grouped-GEMM phases (moe/apply_stream_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
 // dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
 // bf16, plus 1 KB to align the swizzle atoms). They write act and y as bf16 into their regions.
 #define KILN_MOE_GEMM_ROWS 128
@@ -34,14 +34,14 @@
 KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return mxfp4 ? 16 : 12; }
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
-// of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (moe_stream.cuh), and
+// of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
 // 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the
 // 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
 #define KILN_MOE_RING_STAGES 3
 #define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)
 // Up to this many tokens every CTA routes all tokens itself (its shared routing lists hold them).
 // With MXFP4 weights it also keeps x, in the MXFP4 k order, in shared memory after the rings: the
-// launch adds kiln_moe_local_x_bytes when the GPU has room for them (src/kernels/moe_stream.cpp),
+// launch adds kiln_moe_local_x_bytes when the GPU has room for them (src/kernels/moe_apply_stream.cpp),
 // and the kernel routes locally when it finds them.
 #define KILN_MOE_LOCAL_MAX_TOKENS 16
 KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) {

@@ -31,7 +31,7 @@ inline int moe_weight_format(const Signature& sig) {
   return w == "mxfp4" ? 1 : w == "mxfp4_prepared" ? 2 : 0;
 }
 
-// "kiln::moe_reference<format, activation, layout, routing, logits_bf16, bias13, bias2>"
+// "kiln::moe_apply_reference<format, activation, layout, routing, logits_bf16, bias13, bias2>"
 inline std::string moe_template_instance(const char* kernel_template, const Signature& sig) {
   const std::string& routing = sig.get("routing");
   const int routing_kind = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : 2;

@@ -98,7 +98,7 @@ AttentionResult decode_reference(const DecodeProblem& p) {
   return r;
 }
 
-std::vector<double> moe_reference(const MoeProblem& p) {
+std::vector<double> moe_apply_reference(const MoeProblem& p) {
   const size_t H = static_cast<size_t>(p.hidden), I = static_cast<size_t>(p.inter), E = static_cast<size_t>(p.experts);
   std::vector<double> out(static_cast<size_t>(p.tokens) * H, 0.0);
   for (size_t t = 0; t < static_cast<size_t>(p.tokens); ++t) {

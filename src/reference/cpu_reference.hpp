@@ -51,6 +51,6 @@ struct MoeProblem {
   int activation = 0;            // 0 SiLU-GLU, 1 clamped SwiGLU
   bool interleaved = false;
 };
-std::vector<double> moe_reference(const MoeProblem& p);  // [T, H]
+std::vector<double> moe_apply_reference(const MoeProblem& p);  // [T, H]
 
 }  // namespace kiln::reference

@@ -381,7 +381,7 @@ class MoeProblem : public Problem {
       h.w13 = decode_half(s.w13.to_host<uint16_t>(w13_elems), DType::kBF16);
       h.w2 = decode_half(s.w2.to_host<uint16_t>(w2_elems), DType::kBF16);
     }
-    return reference::moe_reference(h);
+    return reference::moe_apply_reference(h);
   }
   double cpu_cost() const override { return work().flops / 2; }
   Work work() const override {

@@ -386,7 +386,7 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
     p.w13_bias.assign(b13_f.begin(), b13_f.end());
     p.w2_bias.assign(b2_f.begin(), b2_f.end());
   }
-  const std::vector<double> ref = moe_reference(p);
+  const std::vector<double> ref = moe_apply_reference(p);
 
   auto x = DeviceBuffer::from(x_bits), logits = DeviceBuffer::from(logits_f), idb = DeviceBuffer::from(ids), wb = DeviceBuffer::from(weights_f);
   auto w13 = c.mxfp4 ? DeviceBuffer::from(w13_packed) : DeviceBuffer::from(w13_bits);

@@ -15,14 +15,14 @@
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "attention/prefill_block.cuh"
-#include "common/mma_sm80.cuh"
+#include "common/cp_async.cuh"
 #include "common/prelude.cuh"
 #include "common/wgmma_sm90.cuh"
 
 namespace kiln {
 
 template <typename T, int kHeadDim, bool kSoftcap>
-__global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma_sm90(const KilnPrefillParams p) {
+__global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(const KilnPrefillParams p) {
   enum : int {
     kWarpgroups = kHeadDim == 64 ? 3 : 2,
     kBlockQ = 64 * kWarpgroups,

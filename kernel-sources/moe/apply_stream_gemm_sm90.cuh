@@ -1,6 +1,6 @@
-// The tensor-core phases of moe_stream (moe/moe_stream.cuh) for bf16 weights on sm_90a: the up
+// The tensor-core phases of moe_apply_stream (moe/apply_stream.cuh) for bf16 weights on sm_90a: the up
 // and down projections as grouped GEMMs on wgmma, when the launch gives the kernel the shared
-// memory for them (src/kernels/moe_stream.cpp decides by token count). Each is a persistent loop
+// memory for them (src/kernels/moe_apply_stream.cpp decides by token count). Each is a persistent loop
 // over tiles (expert, 256 output columns, 128 of the expert's routed pairs), the pairs' rows
 // fastest and claimed in order from a counter, so the CTAs that share an expert's weight tile run
 // at the same time. A tile's rows are consecutive rows of the grouped pair list: x_grouped (x rows
@@ -20,7 +20,11 @@
 //   down  y[pair][h] = act[slot] . W2[e][h] + bias, rounded to bf16.
 #pragma once
 
+#include "common/atomics.cuh"
+#include "common/cp_async.cuh"
+#include "common/fast_math.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/vector_memory.cuh"
 #include "common/tma_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 #include "moe/moe_common.cuh"

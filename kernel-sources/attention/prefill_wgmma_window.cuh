@@ -1,5 +1,5 @@
 // Sliding-window prefill on Hopper's warpgroup MMA (wgmma, sm_90a). The CTA holds query heads of
-// one KV head over few positions, like the mma.sync window kernel (prefill_mma_sm80.cuh): warp w
+// one KV head over few positions, like the mma.sync window kernel (prefill_mma.cuh): warp w
 // owns 16 positions of head w % kHeadsPerCta. GPT-OSS (4 warps, 4 of the 8 heads of a KV head,
 // 16 positions) has a band of 144 keys: three 48-key blocks starting at the band's first key,
 // copied by TMA one block ahead (kStages = 2; one thread issues them: as cp.async every warp spent
@@ -42,7 +42,7 @@ __device__ __forceinline__ void zero_rows_from(unsigned char* tile, int atom_byt
 // Registers for 5 CTAs of 4 warps per SM at head_dim 64 (84 used), 2 at head_dim 128; for 8-warp
 // CTAs 2 and 1.
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window_sm90(const __grid_constant__ KilnPrefillParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window(const __grid_constant__ KilnPrefillParams p) {
   static_assert(kWarps % 4 == 0 && kWarps % kHeadsPerCta == 0, "whole warpgroups; each head gets whole warps");
   static_assert(kBlockK % 16 == 0 && kBlockK * 128 % 1024 == 0 && kStages >= 2, "whole swizzle atoms");
   constexpr unsigned kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
   const unsigned full_barriers = shared_address(kv_tiles + kStages * 2 * kTileBytes);  // [kStages], 8 bytes each
 
-  // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_sm90.cuh).
+  // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const PrefillQueryBlock blk = prefill_query_block(p, kPositions, kHeadsPerCta);

@@ -12,8 +12,8 @@
 //            included;
 //   combine  out[t] = sum over slots j of weight[t][j] * y[t, j], in slot order (deterministic).
 // An expert's weights are read once per chunk of 8 tokens routed to it: exactly once at decode
-// sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_stream.cpp), up and
-// down are grouped GEMMs on wgmma instead (moe/moe_gemm_sm90.cuh); route, group and combine stay.
+// sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_apply_stream.cpp), up and
+// down are grouped GEMMs on wgmma instead (moe/apply_stream_gemm_sm90.cuh); route, group and combine stay.
 // Weights are read 16 bytes per lane: 8 bf16 one step ahead into registers, or 32 e2m1 values that
 // share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as
 // bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
@@ -23,178 +23,26 @@
 // KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
 #pragma once
 
+#include "common/atomics.cuh"
+#include "common/cp_async.cuh"
+#include "common/grid_barrier.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/vector_memory.cuh"
 #include "moe/moe_common.cuh"
+#include "moe/routing.cuh"
 #include "moe/stream_workspace.h"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
-#include "moe/moe_gemm_sm90.cuh"
+#include "moe/apply_stream_gemm_sm90.cuh"
 #endif
 
 namespace kiln {
 
-enum { kMoeStreamChunk = 8, kMoeStreamMaxExperts = 256, kMoeGemmRows = KILN_MOE_GEMM_ROWS };
+enum { kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
-// Workspace values written by other CTAs before the last barrier, read from L2 (not L1, which may
-// hold an older copy of the line): weak loads, ordered by the barrier.
-__device__ __forceinline__ int load_l2(const int* p) {
-  int v;
-  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ float load_l2(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void load_l2_4(const float* p, float* v) {
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
-}
-
-// All CTAs of the (cooperative) grid arrive before any leaves. The counter is the barrier word the
-// driver keeps for a cooperative launch (the one cooperative_groups' grid sync uses; %envreg1 and
-// %envreg2 hold its workspace's address, the word 4 bytes in): CTA 0 adds 2^31 - (CTAs - 1) and
-// every other CTA 1, so the top bit flips once all have arrived and the low bits are back at zero.
-// Nothing needs clearing between barriers or launches, so a launch that routes locally needs no
-// memset before it. In two halves, so that a CTA can issue work that needs no other CTA's writes
-// (down's first weight copies) between its arrival and its wait: the arrival's fence then orders
-// none of it. arrive returns thread 0's view of the word before its arrival, which wait takes.
-__device__ __forceinline__ const unsigned* grid_barrier_word() {
-  u32 address_hi, address_lo;
-  asm volatile("mov.u32 %0, %%envreg1;" : "=r"(address_hi));
-  asm volatile("mov.u32 %0, %%envreg2;" : "=r"(address_lo));
-  return reinterpret_cast<const unsigned*>(((static_cast<unsigned long long>(address_hi) << 32) | address_lo) + 4);
-}
-__device__ __forceinline__ unsigned grid_barrier_arrive() {
-  __syncthreads();
-  unsigned before = 0u;
-  if (threadIdx.x == 0) {
-    const unsigned arrival = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(grid_barrier_word()), "r"(arrival) : "memory");
-  }
-  return before;
-}
-__device__ __forceinline__ void grid_barrier_wait(unsigned before) {
-  if (threadIdx.x == 0) {
-    const unsigned* word = grid_barrier_word();
-    unsigned seen;
-    do {
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
-    } while (((before ^ seen) & 0x80000000u) == 0u);
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  }
-  __syncthreads();
-}
-__device__ __forceinline__ void grid_barrier() { grid_barrier_wait(grid_barrier_arrive()); }
-
-// Two bf16 in a word to floats.
-__device__ __forceinline__ void bf16x2_to_float(u32 w, float& lo, float& hi) {
-  lo = __uint_as_float(w << 16);
-  hi = __uint_as_float(w & 0xffff0000u);
-}
-// 4 bf16 of the workspace (see load_l2) to floats.
-__device__ __forceinline__ void load_l2_bf16x4(const bf16* p, float* v) {
-  unsigned w[2];
-  asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p) : "memory");
-  bf16x2_to_float(w[0], v[0], v[1]);
-  bf16x2_to_float(w[1], v[2], v[3]);
-}
 __device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
   u32 r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
   return r;
-}
-// The arg-max of routing, by redux.sync (sm_80+) on keys ordered as the logits: a larger logit has
-// a larger key, -0 and +0 share one, and a NaN takes 1, below every number (NaN logits are chosen
-// last, by expert, as in the reference kernel); 0 marks an expert out of the running.
-__device__ __forceinline__ u32 logit_key(float v) {
-  if (v != v) return 1u;
-  const u32 bits = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
-}
-__device__ __forceinline__ float key_logit(u32 key) { return __uint_as_float((key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key); }
-__device__ __forceinline__ u32 warp_max_u32(u32 v) {
-  u32 r;
-  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-  return r;
-}
-__device__ __forceinline__ u32 warp_min_u32(u32 v) {
-  u32 r;
-  asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-  return r;
-}
-// One routed token, by one warp: lane j < top_k ends with slot j's expert (-1 when a precomputed
-// id is outside [0, E)) and weight, written to `ids` and `weights` (the workspace, or this CTA's
-// shared memory when it routes every token itself), and the expert's count raised (in `counts`,
-// shared memory when `shared_counts`; none when `counts` is null).
-template <int kRouting, bool kLogitsBf16>
-__device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* ids, float* weights, int* counts, bool shared_counts) {
-  const int k = p.top_k, experts = p.num_experts;
-  int id = -1;
-  float w = 0.0f;
-  if (kRouting == kRoutingPrecomputed) {
-    if (lane < k) {
-      id = p.topk_ids[t * p.topk_row_stride + lane];
-      w = p.topk_weights[t * p.topk_row_stride + lane];
-    }
-  } else {
-    // Lane l holds experts l + 32 i as logits and as keys (logit_key; 0 once taken or past E).
-    // Every load is issued before any is used: past E a lane reads expert E - 1 again, so no load
-    // sits behind a branch (loaded under `e < E`, each load waited for the one before it; on an
-    // H200, GPT-OSS MXFP4 at T = 1 took 0.0423 ms against 0.0428).
-    constexpr int kPerLane = kMoeStreamMaxExperts / kWarp;
-    float l[kPerLane];
-    u32 key[kPerLane], lane_max = 0u;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) l[i] = logit<kLogitsBf16>(p, t, min(lane + kWarp * i, experts - 1));
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + kWarp * i;
-      key[i] = e < experts ? logit_key(l[i]) : 0u;
-      lane_max = max(lane_max, key[i]);
-    }
-    const float max_logit = key_logit(warp_max_u32(lane_max));
-    float total = 0.0f;
-    if (kRouting == kRoutingSoftmaxTopk) {
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) total += lane + kWarp * i < experts ? expf(l[i] - max_logit) : 0.0f;
-      total = warp_sum(total);
-    }
-    // Arg-max k times: the largest key in the warp, then the lowest expert holding it (two
-    // redux.sync). On an H200 at GPT-OSS's T = 1 the 4 rounds took 0.7 us, against 1.6 for the
-    // shuffle tree they replace (bench/RESULTS.md).
-    for (int j = 0; j < k; ++j) {
-      u32 best = 0u, best_e = 0xFFFFFFFFu;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        if (key[i] > best) {  // strictly: the lowest of the lane's equal keys stays
-          best = key[i];
-          best_e = static_cast<u32>(lane + kWarp * i);
-        }
-      }
-      const u32 top = warp_max_u32(best);
-      const u32 chosen_e = warp_min_u32(best == top ? best_e : 0xFFFFFFFFu);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        if (static_cast<u32>(lane + kWarp * i) == chosen_e) key[i] = 0u;
-      }
-      if (lane == j) {
-        id = top == 0u ? -1 : static_cast<int>(chosen_e);  // top 0: fewer than k experts
-        w = expf(key_logit(top) - max_logit);               // the max over all experts is also the max over the chosen
-      }
-    }
-    const float chosen = warp_sum(lane < k ? w : 0.0f);
-    w /= (kRouting == kRoutingTopkSoftmax || p.renormalize) ? chosen : total;
-  }
-  if (lane < k) {
-    if (id < 0 || id >= experts) id = -1;
-    ids[t * k + lane] = id;
-    weights[t * k + lane] = w;
-    if (id >= 0 && counts != nullptr) {
-      if (shared_counts) atomic_add_shared(shared_address(&counts[id]), 1);
-      else atomic_add_global(&counts[id], 1);
-    }
-  }
 }
 
 // Eight bf16 in the MXFP4 path's k order: (x0, x4) (x1, x5) (x2, x6) (x3, x7).
@@ -207,67 +55,6 @@ __device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
   return r;
 }
 
-// Whether every CTA routes all tokens itself (see the kernel and kiln_moe_routes_locally).
-template <int kFormat>
-__device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
-  return kiln_moe_routes_locally(p.num_tokens, p.hidden, kFormat != kWeightsBf16, tensor_cores, dynamic_bytes);
-}
-
-// A pair index of the grouped list: from this CTA's shared memory (local routing), or from the
-// workspace, written by other CTAs before the last grid barrier (through L2, see load_l2).
-__device__ __forceinline__ int read_pair(const int* pairs, int i, bool local) { return local ? pairs[i] : load_l2(&pairs[i]); }
-
-// The pairs of one work item: chunk `chunk` (over all experts, in expert order) is expert
-// `expert`'s pairs [first, first + count) of the grouped list.
-struct MoeChunk {
-  int expert, first, count;
-};
-// Up to this many chunks, the group phase also lists each chunk (chunk_table), so that a tile
-// finds its chunk in shared loads rather than a search over all experts (7 dependent loads at 128
-// experts; on an H200, GPT-OSS at T = 1: MXFP4 0.0405 ms against 0.0408, bf16 0.0680 against
-// 0.0694). Past it (null table) the chunk is found from chunk_start and pair_start.
-enum { kMoeChunkTable = 256 };
-__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, int experts, int chunk) {
-  if (chunk_table != nullptr) return chunk_table[chunk];
-  MoeChunk c;
-  c.expert = find_expert(chunk_start, experts, chunk, 1);
-  c.first = pair_start[c.expert] + (chunk - chunk_start[c.expert]) * kMoeStreamChunk;
-  c.count = min(kMoeStreamChunk, pair_start[c.expert + 1] - c.first);
-  return c;
-}
-// The chunks of `count` pairs of `expert` from grouped pair `first` on, into the table from chunk
-// `at` on.
-__device__ __forceinline__ void list_chunks(MoeChunk* chunk_table, int at, int expert, int first, int count) {
-  for (int c = 0; c * kMoeStreamChunk < count; ++c) {
-    chunk_table[at + c] = MoeChunk{expert, first + c * kMoeStreamChunk, min(kMoeStreamChunk, count - c * kMoeStreamChunk)};
-  }
-}
-// Grouping at most a warp's worth of locally routed pairs, by one warp and without a pass over
-// every expert: lane q holds pair q's expert (-1: none), and its place in the grouped list is the
-// number of pairs of lower experts plus its rank among its expert's pairs (pair order, as the
-// general path lists them). Fills the chunk table, chunk_start[experts] (the number of chunks)
-// and the grouped list. (The general path's scan over 256 expert slots and its pair listing took
-// about 1.7 us of warp 0 at GPT-OSS's T = 1 on an H200; with this, MXFP4 with biases took 0.0385 ms
-// against 0.0399, bf16 0.0701 against 0.0715.)
-__device__ void group_few_pairs(const int* ids, int num_pairs, int experts, int lane, int* chunk_start, MoeChunk* chunk_table, int* pairs) {
-  const int e = lane < num_pairs ? ids[lane] : -1;
-  const unsigned same = __match_any_sync(0xffffffffu, e);
-  const int rank = __popc(same & ((1u << lane) - 1u)), n = __popc(same);
-  const bool leader = e >= 0 && rank == 0;
-  const int chunks = leader ? (n + kMoeStreamChunk - 1) / kMoeStreamChunk : 0;
-  int pairs_before = 0, chunks_before = 0;
-  for (int j = 0; j < kWarp; ++j) {
-    const int ej = __shfl_sync(0xffffffffu, e, j), cj = __shfl_sync(0xffffffffu, chunks, j);
-    if (ej >= 0 && ej < e) {
-      ++pairs_before;
-      chunks_before += cj;
-    }
-  }
-  if (e >= 0) pairs[pairs_before + rank] = lane;
-  if (leader) list_chunks(chunk_table, chunks_before, e, pairs_before, n);
-  const int total = __reduce_add_sync(0xffffffffu, chunks);
-  if (lane == 0) chunk_start[experts] = total;
-}
 
 // ---- up and down on mma.sync: every format and GPU, except bf16 from 16 routed pairs on sm_90a ----
 // A tile is 16 weight rows of one expert against a chunk of up to 8 of its routed pairs: the
@@ -710,7 +497,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
-__global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe_stream(const __grid_constant__ KilnMoeParams p) {
+__global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe_apply_stream(const __grid_constant__ KilnMoeParams p) {
   constexpr int kWarps = kiln_moe_stream_warps(kFormat);
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
@@ -734,7 +521,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   const int k = p.top_k, experts = p.num_experts, num_pairs = p.num_tokens * p.top_k;
 
   // The launch gives the dynamic shared memory of the grouped GEMMs when the token count pays for
-  // them (src/kernels/moe_stream.cpp), else the weight rings of the streaming phases (smaller).
+  // them (src/kernels/moe_apply_stream.cpp), else the weight rings of the streaming phases (smaller).
   unsigned dynamic_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
   bool tensor_cores = false;

@@ -1,5 +1,5 @@
-// Registration of the AMD matrix-core MoE kernel (kernel-sources/moe/moe_mfma.cuh): one
-// cooperative launch with grid-wide barriers over moe_stream's workspace layout. Compile-verified
+// Registration of the AMD matrix-core MoE kernel (kernel-sources/moe/apply_mfma.cuh): one
+// cooperative launch with grid-wide barriers over moe_apply_stream's workspace layout. Compile-verified
 // for gfx942 and gfx950 (clang); no AMD GPU has run it.
 #include <algorithm>
 #include <cstddef>
@@ -15,7 +15,7 @@
 namespace kiln {
 namespace {
 
-constexpr int kMaxExperts = 256;  // kMoeMfmaMaxExperts in moe_mfma.cuh: one wavefront prefixes 4 a lane
+constexpr int kMaxExperts = 256;  // kMoeMfmaMaxExperts in apply_mfma.cuh: one wavefront prefixes 4 a lane
 
 KilnMoeStreamWorkspace workspace_layout(const void* params) {
   const auto& p = *static_cast<const KilnMoeParams*>(params);
@@ -35,7 +35,7 @@ KILN_REGISTER_KERNEL(moe_apply_mfma) {
   spec.requirements.vendor = Vendor::kAmd;
   spec.requirements.min_arch = 910;  // gfx90a: 32x32x8 bf16_1k MFMA
   spec.requirements.features = {"mma:mfma"};
-  spec.source = "moe/moe_mfma.cuh";
+  spec.source = "moe/apply_mfma.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::moe_accepts(sig)) return why;
     if (sig.get("weights") == "mxfp4_prepared") return std::string("prepared MXFP4 weights unsupported (NVIDIA's layout; pass the standard one)");
@@ -43,7 +43,7 @@ KILN_REGISTER_KERNEL(moe_apply_mfma) {
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{detail::moe_template_instance("kiln::moe_mfma", sig), {}};
+    return Specialization{detail::moe_template_instance("kiln::moe_apply_mfma", sig), {}};
   };
   // One workgroup of 8 wavefronts per CU, all resident (the cooperative launch fails rather than
   // deadlock when they are not): the grid-wide barriers wait for every workgroup.

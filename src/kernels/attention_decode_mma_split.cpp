@@ -1,4 +1,4 @@
-// Registration of the split-KV decode kernel (sm_90+, kernel-sources/attention/decode_mma_sm90.cuh):
+// Registration of the split-KV decode kernel (sm_90+, kernel-sources/attention/decode_mma_split.cuh):
 // tensor cores over the GQA group; a small batch is split into ranges of about equal tiles, dealt to
 // its sequences by length, and the partial states of a (sequence, KV head) pair are merged through
 // the workspace by the last of its CTAs to finish (attention/decode_merge.cuh).
@@ -16,7 +16,7 @@ namespace {
 
 constexpr int64_t kMinTokensPerRange = 256;
 
-// decode_mma_sm90's copy ring per warp: kDecodeStages in the kernel source. The rings start on a
+// decode_mma_split's copy ring per warp: kDecodeStages in the kernel source. The rings start on a
 // 128-byte boundary, up to kDecodeRingAlign bytes into dynamic shared memory.
 constexpr int kCopyStages = 2;
 constexpr uint32_t kRingAlignSlack = 128;
@@ -45,7 +45,7 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
   return std::nullopt;
 }
 
-// Dynamic shared memory of one decode_mma_sm90 warp: kCopyStages stages of a 16-token K tile and
+// Dynamic shared memory of one decode_mma_split warp: kCopyStages stages of a 16-token K tile and
 // V tile with padded rows, and for an e4m3 cache an f16 V tile. Must match DecodeTileLayout in the
 // kernel source.
 uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
@@ -99,7 +99,7 @@ size_t workspace_bytes(const KilnDecodeParams& p, const Platform& platform, bool
   return static_cast<size_t>(kiln_decode_workspace_bytes(p.batch, p.num_heads_kv, ranges, query_rows(p), p.head_dim));
 }
 
-// One registration per cache kind; the same kernel template serves both (decode_mma_sm90.cuh).
+// One registration per cache kind; the same kernel template serves both (decode_mma_split.cuh).
 KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   KernelSpec spec;
   spec.name = name;
@@ -109,10 +109,10 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   spec.specificity = 3;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 90;
-  spec.source = "attention/decode_mma_sm90.cuh";
+  spec.source = "attention/decode_mma_split.cuh";
   spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::decode_mma_sm90<kiln::{}, kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
+    return Specialization{fmt::format("kiln::decode_mma_split<kiln::{}, kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
                                       sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group")),
                           {}};
   };

@@ -1,4 +1,4 @@
-// Registration of the reference MoE kernel (kernel-sources/moe/moe_reference.cuh).
+// Registration of the reference MoE kernel (kernel-sources/moe/apply_reference.cuh).
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
@@ -18,10 +18,10 @@ KernelSpec moe_reference_spec() {
   spec.priority = Priority::kReference;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 80;
-  spec.source = "moe/moe_reference.cuh";
+  spec.source = "moe/apply_reference.cuh";
   spec.accepts = detail::moe_accepts;
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{detail::moe_template_instance("kiln::moe_reference", sig), {}};
+    return Specialization{detail::moe_template_instance("kiln::moe_apply_reference", sig), {}};
   };
   spec.launch_shape = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);

@@ -1,7 +1,7 @@
-// Registration of the weight-streaming MoE kernel (kernel-sources/moe/moe_stream.cuh): one
+// Registration of the weight-streaming MoE kernel (kernel-sources/moe/apply_stream.cuh): one
 // cooperative launch with grid-wide barriers and a stream-ordered workspace, on NVIDIA sm_80+; on
 // sm_90a with bf16 weights its up and down phases become grouped GEMMs on wgmma from a token count
-// on (moe/moe_gemm_sm90.cuh).
+// on (moe/apply_stream_gemm_sm90.cuh).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +17,7 @@
 namespace kiln {
 namespace {
 
-constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in moe_stream.cuh: routing keeps 8 logits per lane
+constexpr int kMaxExperts = 256;  // kMoeStreamMaxExperts in apply_stream.cuh: routing keeps 8 logits per lane
 // Routed (token, slot) pairs from which the grouped-GEMM phases replace the weight-streaming ones
 // on sm_90a with bf16 weights. Chosen on an H200 (bench/RESULTS.md) against the streaming phases
 // of the time (a warp per weight row, before they moved to mma.sync), GPT-OSS-120B's layer: 4
@@ -28,7 +28,7 @@ constexpr long long kGemmMinPairs = 16;
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 // The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices
-// (moe_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads: 16-byte
+// (apply_stream_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads: 16-byte
 // aligned, with row and expert strides in whole 16 bytes.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % 8 == 0 &&
@@ -37,7 +37,7 @@ bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
          static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
 }
 
-// The grouped GEMMs' operands as TMA tensor maps (moe_gemm_sm90.cuh): A boxes of 64 rows x 64 K
+// The grouped GEMMs' operands as TMA tensor maps (apply_stream_gemm_sm90.cuh): A boxes of 64 rows x 64 K
 // of x_grouped (in y's region, after bf16 y) and act, both in grouped order; weight boxes of 64 K
 // by 256 rows of one expert, and by 32 rows of W13 for concatenated gate and up.
 std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Platform& platform) {
@@ -86,14 +86,14 @@ KernelSpec moe_stream_spec() {
   spec.specificity = 1;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 80;
-  spec.source = "moe/moe_stream.cuh";
+  spec.source = "moe/apply_stream.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::moe_accepts(sig)) return why;
     if (sig.get_int("experts") > kMaxExperts) return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{detail::moe_template_instance("kiln::moe_stream", sig), {}};
+    return Specialization{detail::moe_template_instance("kiln::moe_apply_stream", sig), {}};
   };
   // One CTA per SM, all resident (the cooperative launch fails rather than deadlock when they are
   // not): 512 threads with MXFP4 weights (at most 128 registers each, about 27 KB of static shared

@@ -20,7 +20,9 @@
 #include "attention/decode_merge.cuh"
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
+#include "common/cp_async.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/vector_memory.cuh"
 #include "common/prelude.cuh"
 
 namespace kiln {
@@ -70,7 +72,7 @@ struct DecodeTileLayout {
 
 // At most 168 registers: three 128-thread CTAs fit an SM (the batch-filled launches use them).
 template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup>
-__global__ void __maxnreg__(168) decode_mma_sm90(const KilnDecodeParams p) {
+__global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
   constexpr int kRows = kQLen * kGroup;  // <= 16

@@ -25,6 +25,7 @@
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "attention/prefill_block.cuh"
+#include "common/cp_async.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 
@@ -36,7 +37,7 @@ __device__ __forceinline__ unsigned swizzled(int row, int chunk, int chunks) { r
 // Registers are budgeted for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with 48-key blocks,
 // whose S tile is smaller (128), and 2 at head_dim 128 (255).
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2) prefill_mma_sm80(const KilnPrefillParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2) prefill_mma(const KilnPrefillParams p) {
   static_assert(kWarps % kHeadsPerCta == 0, "each head gets whole warps");
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
   constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row

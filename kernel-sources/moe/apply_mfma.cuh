@@ -3,7 +3,7 @@
 // run it, so neither its numerics nor its speed are known.
 //
 // One cooperative launch, a workgroup of 8 wavefronts per CU, five phases between grid-wide
-// barriers, in moe_stream's workspace layout (moe/stream_workspace.h):
+// barriers, in moe_apply_stream's workspace layout (moe/stream_workspace.h):
 //   1. route: a thread per token picks its experts (route_token) and counts them per expert;
 //   2. group: each workgroup prefixes the counts in LDS, and the (token, slot) pairs are scattered
 //      into per-expert lists. Their order inside a list varies from run to run; the results do
@@ -226,7 +226,7 @@ __device__ __forceinline__ MoeItem moe_item(const int* tile_start, const int* pa
 }
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
-__global__ void __launch_bounds__(512) moe_mfma(const KilnMoeParams p) {
+__global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
   __shared__ int pair_start[kMoeMfmaMaxExperts + 1], tile_start[kMoeMfmaMaxExperts + 1];
   __shared__ float partial[kMoeMfmaWaves][16][64];  // each wavefront's accumulators, by register and lane
 

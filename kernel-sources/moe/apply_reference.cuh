@@ -9,7 +9,7 @@
 namespace kiln {
 
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
-__global__ void __launch_bounds__(256) moe_reference(const KilnMoeParams p) {
+__global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p) {
   extern __shared__ float shared[];
   float* x = shared;                         // [H]
   float* act = x + p.hidden;                 // [I]

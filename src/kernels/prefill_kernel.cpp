@@ -1,0 +1,107 @@
+#include "kernels/prefill_kernel.hpp"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+
+#include "attention/params.h"
+#include "kernels/signature_checks.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+namespace {
+
+// The TMA maps of the wgmma window kernel: q, k and v as (head_dim, heads, rows), boxes of 64
+// elements x 1 head x `q_rows` or `key_rows` rows. With no keys at all no CTA copies any, but the
+// maps must still encode: k and v then map one row of q.
+std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows) {
+  auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
+    return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
+                                {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)},
+                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2}, {64, 1, static_cast<uint32_t>(box_rows)});
+  };
+  std::vector<TensorMapRequest> maps;
+  maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_rows));
+  if (p.total_k > 0) {
+    maps.push_back(map(kPrefillMapK, p.k, p.num_heads_kv, p.total_k, p.k_row_stride, p.k_head_stride, key_rows));
+    maps.push_back(map(kPrefillMapV, p.v, p.num_heads_kv, p.total_k, p.v_row_stride, p.v_head_stride, key_rows));
+  } else {
+    maps.push_back(map(kPrefillMapK, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
+    maps.push_back(map(kPrefillMapV, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
+  }
+  return maps;
+}
+
+// Query heads per CTA of the packing kernel: the largest power of two up to `warps` dividing the
+// group, so a CTA's heads read one KV head and its warps split evenly between them.
+int packed_heads(int64_t group, int warps) {
+  int heads = warps;
+  while (group % heads != 0) heads /= 2;
+  return heads;
+}
+
+}  // namespace
+
+KernelSpec prefill_kernel(const PrefillKernel& k) {
+  KernelSpec spec;
+  spec.name = k.name;
+  spec.family = kFamilyAttention;
+  spec.mode = kModePrefill;
+  spec.priority = k.priority;
+  // Windows-only kernels are narrower than general ones, and a Hopper-only one narrower still.
+  spec.specificity = k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
+  spec.requirements.vendor = Vendor::kNvidia;
+  spec.requirements.min_arch = k.min_arch;
+  spec.requirements.features = k.features;
+  spec.source = k.source;
+  const bool windows_only = k.windows_only;
+  spec.accepts = [windows_only](const Signature& sig) -> std::optional<std::string> {
+    if (auto why = check_16bit_dtype(sig)) return why;
+    if (windows_only && !sig.get_flag("window")) return std::string("only for sliding windows (window=1)");
+    return check_head_dim_64_or_128(sig);
+  };
+  spec.specialize = [k](const Signature& sig, const Platform&) {
+    std::string expression = fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
+    if (k.warps > 0) {
+      expression += fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
+    }
+    return Specialization{expression + ">", {}};
+  };
+  spec.launch_shape = [k](const void* params, const Platform& platform) {
+    const auto& p = *static_cast<const KilnPrefillParams*>(params);
+    const int heads = k.packs_heads ? packed_heads(p.num_heads_q / p.num_heads_kv, k.warps) : 1;
+    const int rows = k.warps > 0 ? 16 * k.warps : p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
+    const int positions = rows / heads;
+    LaunchShape shape;
+    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + positions - 1) / positions);
+    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q / heads);
+    shape.grid[2] = static_cast<uint32_t>(p.batch);
+    shape.block[0] = static_cast<uint32_t>(2 * rows);
+    // The Q rows plus the stages of K and V tiles, 16-bit elements.
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
+    if (k.tma) shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * k.stages);  // the stages' mbarriers
+    if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
+      throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
+                                                       shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
+    }
+    return shape;
+  };
+  if (k.tma) {
+    spec.tensor_maps = [k](const void* params, const Platform&) { return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), 16, k.key_rows); };
+  }
+  return spec;
+}
+
+PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
+  return {.name = name,
+          .source = "attention/prefill_mma.cuh",
+          .entry = "prefill_mma",
+          .priority = priority,
+          .warps = 4,
+          .min_arch = 80,
+          .features = {"mma:mma_sync", "memory:cp_async"},
+          .key_rows = 64,
+          .stages = 2};
+}
+
+}  // namespace kiln::detail
