@@ -70,14 +70,19 @@ void BM_Compile(benchmark::State& state, const std::string& kernel, bool worker)
   const Platform p = platform_for_target("sm_90a");
   const auto request = detail::build_request(*Registry::global().find(kernel), sig, p);
   for (auto _ : state) {
-    auto result = worker ? detail::compile_in_worker(request, detail::default_worker_path(), 300)
-                         : detail::cuda::nvrtc_compile(request);
+    auto result = worker ? detail::compile_in_worker(request, detail::default_worker_path(), 300) : detail::cuda::nvrtc_compile(request);
     benchmark::DoNotOptimize(result.binary.data());
   }
 }
-BENCHMARK_CAPTURE(BM_Compile, prefill_inprocess, std::string("attention.prefill.reference"), false)->Unit(benchmark::kMillisecond)->Iterations(7);
-BENCHMARK_CAPTURE(BM_Compile, prefill_worker, std::string("attention.prefill.reference"), true)->Unit(benchmark::kMillisecond)->Iterations(7);
-BENCHMARK_CAPTURE(BM_Compile, decode_inprocess, std::string("attention.decode.reference"), false)->Unit(benchmark::kMillisecond)->Iterations(7);
+BENCHMARK_CAPTURE(BM_Compile, prefill_inprocess, std::string("attention.prefill.reference"), false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(7);
+BENCHMARK_CAPTURE(BM_Compile, prefill_worker, std::string("attention.prefill.reference"), true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(7);
+BENCHMARK_CAPTURE(BM_Compile, decode_inprocess, std::string("attention.decode.reference"), false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(7);
 BENCHMARK_CAPTURE(BM_Compile, decode_worker, std::string("attention.decode.reference"), true)->Unit(benchmark::kMillisecond)->Iterations(7);
 BENCHMARK_CAPTURE(BM_Compile, moe_inprocess, std::string("moe.apply.reference"), false)->Unit(benchmark::kMillisecond)->Iterations(7);
 BENCHMARK_CAPTURE(BM_Compile, moe_worker, std::string("moe.apply.reference"), true)->Unit(benchmark::kMillisecond)->Iterations(7);
@@ -130,8 +135,8 @@ struct DecodeFixture {
     args.out = TensorView::contiguous(base + 4096, DType::kBF16, {1, 8, 128});
     args.k_cache = TensorView::contiguous(base + 65536, DType::kBF16, {4, 16, 1, 128});
     args.v_cache = TensorView::contiguous(base + 131072, DType::kBF16, {4, 16, 1, 128});
-    KILN_CU_CALL(cuMemsetD32, buffer + 196608, 0, 4);       // page table: pages 0..3 -> 0
-    KILN_CU_CALL(cuMemsetD32, buffer + 200704, 16, 1);      // cache_seqlens = 16
+    KILN_CU_CALL(cuMemsetD32, buffer + 196608, 0, 4);   // page table: pages 0..3 -> 0
+    KILN_CU_CALL(cuMemsetD32, buffer + 200704, 16, 1);  // cache_seqlens = 16
     args.page_table = TensorView::contiguous(base + 196608, DType::kI32, {1, 4});
     args.cache_seqlens = TensorView::contiguous(base + 200704, DType::kI32, {1});
     // Both sides run the reference kernel (grid 8 x 1 x 1, one warp per block, no cluster), so the

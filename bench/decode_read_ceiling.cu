@@ -18,13 +18,13 @@
 #include <random>
 #include <vector>
 
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    cudaError_t e_ = (call);                                                                               \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));           \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 constexpr int kHeadDim = 128, kTile = 16, kRowBytes = 2 * kHeadDim, kChunks = kRowBytes / 16;
@@ -55,8 +55,8 @@ struct Paged {
   const unsigned char* v;
   const int* pages;  // [batch, pages_per_seq]
   int batch, page_size, pages_per_seq, ctx, heads_kv;
-  int ranges;        // per KV head; the batch's tiles end to end, cut into `ranges` equal pieces
-  int work_cycles;   // spun per tile after it is read, standing in for the math between loads
+  int ranges;                 // per KV head; the batch's tiles end to end, cut into `ranges` equal pieces
+  int work_cycles;            // spun per tile after it is read, standing in for the math between loads
   unsigned long long* trace;  // per CTA: %smid, %globaltimer at start and at the end of its reads
 };
 
@@ -90,7 +90,8 @@ __global__ void paged_read(Paged p, unsigned* sink) {
       for (int i = 0; i < kTile * kChunks / 32; ++i) {
         const int idx = i * 32 + lane, tok = idx / kChunks, chunk = idx % kChunks;
         const size_t src = (row0 + tok) * token_bytes + head * kRowBytes + chunk * 16;
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_addr(dst + tok * kRowBytes + chunk * 16)), "l"(p.k + src));
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_addr(dst + tok * kRowBytes + chunk * 16)),
+                     "l"(p.k + src));
         asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_addr(dst + (kTile + tok) * kRowBytes + chunk * 16)),
                      "l"(p.v + src));
       }
@@ -189,7 +190,8 @@ int main(int argc, char** argv) {
   auto report = [&](const char* what, float ms, double bytes) { std::printf("%-58s %9.4f %9.3f\n", what, ms, bytes / (ms * 1e-3) / 1e12); };
 
   // Device copy as side_by_side.py counts it (read + write) and pure contiguous reads.
-  report("cudaMemcpy device to device (2 x bytes)", median_ms([&] { CHECK(cudaMemcpyAsync(v, k, half, cudaMemcpyDeviceToDevice)); }), 2.0 * half);
+  report("cudaMemcpy device to device (2 x bytes)", median_ms([&] { CHECK(cudaMemcpyAsync(v, k, half, cudaMemcpyDeviceToDevice)); }),
+         2.0 * half);
   fill_random<<<4 * sms, 256>>>(reinterpret_cast<unsigned*>(v), half / 4, 2u);
   const size_t n16 = half / 16;
   for (int per_sm : {1, 2, 4}) {
@@ -236,7 +238,9 @@ int main(int argc, char** argv) {
                           {g1, 8, 3, true, 1000}, {g1, 8, 2, true, 2000}, {g1, 8, 3, true, 2000}, {g2, 4, 2, true, 1000},
                           {g2, 4, 3, true, 1000}};
     for (const Form& f : forms) {
-      Paged p{k, v, f.shuffled ? d_shuffled : d_identity, batch, page_size, pages_per_seq, ctx, heads_kv, f.ranges_per_head, f.work_cycles, nullptr};
+      Paged p{
+          k,      v, f.shuffled ? d_shuffled : d_identity, batch, page_size, pages_per_seq, ctx, heads_kv, f.ranges_per_head, f.work_cycles,
+          nullptr};
       const int smem = f.warps * f.stages * 2 * kTile * kRowBytes;
       const int ctas = f.ranges_per_head * heads_kv;
       const auto kernel = f.stages == 2 ? paged_read<2> : paged_read<3>;

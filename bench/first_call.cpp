@@ -123,8 +123,13 @@ int main(int argc, char** argv) {
     const double first = time_call(call);
     const double second = time_call(call);
     const CacheStats s = cache_stats();
-    nlohmann::json j = {{"op", op},           {"first_call_ms", first}, {"second_call_ms", second},
-                        {"compiles", s.compiles}, {"disk_hits", s.disk_hits}, {"bad_entries", s.bad_entries}, {"cache", s.directory},
+    nlohmann::json j = {{"op", op},
+                        {"first_call_ms", first},
+                        {"second_call_ms", second},
+                        {"compiles", s.compiles},
+                        {"disk_hits", s.disk_hits},
+                        {"bad_entries", s.bad_entries},
+                        {"cache", s.directory},
                         {"persistent", s.persistent}};
     std::printf("%s\n", j.dump().c_str());
     return 0;

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest-dev libbenchmark-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev
           clang libclang-rt-14-dev  # libFuzzer targets (scripts/sanitizers.sh)
+          clang-format-14           # the format_check test
           clang-22 lld-22 llvm-22   # the offline AMD compiler (gfx942, gfx950), its linker, llvm-objdump
           libamdhip64-dev libhiprtc-builtins5  # Debian's ROCm 5.2: hipRTC (gfx90a) and the HIP runtime
           util-linux)               # setpriv: the read-only-cache test runs a process as another user

@@ -182,11 +182,11 @@ TEST(AmdOfflineClang, CompileErrorCarriesClangsLog) {
 }
 
 TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
-  ASSERT_FALSE(detail::hip::hiprtc_refuses("gfx90a")) << *detail::hip::hiprtc_refuses("gfx90a")
-                                                      << " (scripts/install-deps.sh installs Debian's hipRTC)";
+  ASSERT_FALSE(detail::hip::hiprtc_refuses("gfx90a"))
+      << *detail::hip::hiprtc_refuses("gfx90a") << " (scripts/install-deps.sh installs Debian's hipRTC)";
   AmdCompilerScope scope(AmdCompiler::kHiprtc);
   for (const Signature& sig : {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4),
-                              test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
+                               test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
     const CompiledKernel k = compile_for_target(sig, "gfx90a");
     EXPECT_EQ(k.compiler.rfind("hiprtc ", 0), 0u) << k.compiler;
     const auto info = read_code_object(k.binary);
@@ -277,10 +277,10 @@ TEST(AmdCodeObject, MalformedInputIsAClearError) {
 
 TEST(AmdCodeObject, TargetMatchingFollowsFeatureFlags) {
   using detail::hip::target_runs;
-  EXPECT_TRUE(target_runs("gfx942", "gfx942:sramecc+:xnack-"));            // built for "any"
+  EXPECT_TRUE(target_runs("gfx942", "gfx942:sramecc+:xnack-"));  // built for "any"
   EXPECT_TRUE(target_runs("gfx942:xnack-", "gfx942:sramecc+:xnack-"));
   EXPECT_FALSE(target_runs("gfx942:xnack+", "gfx942:sramecc+:xnack-"));
-  EXPECT_FALSE(target_runs("gfx942:xnack-", "gfx942"));                     // the device may be xnack+
+  EXPECT_FALSE(target_runs("gfx942:xnack-", "gfx942"));  // the device may be xnack+
   EXPECT_FALSE(target_runs("gfx950", "gfx942"));
   detail::hip::CodeObjectInfo info;
   info.target = "gfx942";

@@ -104,7 +104,8 @@ TEST(CacheSchemaGolden, VersionAndText) {
   // Changing cache/schema.sql must be deliberate: bump kSchemaVersion, add a migration, update this.
   EXPECT_EQ(kSchemaVersion, 1);
   const std::string sql = cache_schema_sql();
-  EXPECT_EQ(XXH3_64bits(sql.data(), sql.size()), 2975992440901103629ull) << "schema.sql changed; hash now " << XXH3_64bits(sql.data(), sql.size());
+  EXPECT_EQ(XXH3_64bits(sql.data(), sql.size()), 2975992440901103629ull)
+      << "schema.sql changed; hash now " << XXH3_64bits(sql.data(), sql.size());
 }
 
 TEST_F(CacheTest, CreatesAPrivateDirectoryAndDatabase) {
@@ -176,9 +177,10 @@ TEST_F(CacheTest, VerifyRepairRemovesBadRows) {
 TEST_F(CacheTest, EvictsLeastRecentlyUsedFirst) {
   KernelCache cache(dir(), {}, 3500, Mode::kServe);  // room for three 1000-byte rows
   for (uint64_t i = 1; i <= 3; ++i) cache.publish(row(i));
-  raw_sql(dir() + "/kiln.db", "UPDATE kernels SET last_used = 100 WHERE kernel = 'k1';"
-                              "UPDATE kernels SET last_used = 300 WHERE kernel = 'k2';"
-                              "UPDATE kernels SET last_used = 200 WHERE kernel = 'k3'");
+  raw_sql(dir() + "/kiln.db",
+          "UPDATE kernels SET last_used = 100 WHERE kernel = 'k1';"
+          "UPDATE kernels SET last_used = 300 WHERE kernel = 'k2';"
+          "UPDATE kernels SET last_used = 200 WHERE kernel = 'k3'");
   cache.publish(row(4));  // over budget: k1 (oldest) goes
   std::set<std::string> left;
   for (const auto& e : cache.list()) left.insert(e.kernel);
@@ -260,7 +262,8 @@ TEST_F(CacheTest, GarbageTruncatedAndForeignDatabasesAreLeftAloneAndServedFromMe
   const std::string db = dir() + "/kiln.db";
   const std::map<std::string, std::function<void()>> cases = {
       {"garbage", [&] { std::ofstream(db) << std::string(5000, 'x'); }},
-      {"truncated", [&] {
+      {"truncated",
+       [&] {
          {
            KernelCache c(dir(), {}, 1 << 30, Mode::kServe);
            for (uint64_t i = 1; i <= 20; ++i) c.publish(row(i, "sm_90a", 5000));
@@ -268,7 +271,8 @@ TEST_F(CacheTest, GarbageTruncatedAndForeignDatabasesAreLeftAloneAndServedFromMe
          fs::resize_file(db, 1000);
        }},
       {"foreign", [&] { raw_sql(db, "CREATE TABLE t (x); PRAGMA application_id = 42"); }},
-      {"newer schema", [&] {
+      {"newer schema",
+       [&] {
          { KernelCache c(dir(), {}, 1 << 30, Mode::kServe); }
          raw_sql(db, "PRAGMA user_version = 99");
        }},
@@ -322,23 +326,27 @@ TEST_F(CacheTest, RefusesWhatOtherUsersCanWrite) {
 }
 
 TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {
-  EXPECT_TRUE(is_network_filesystem_magic(0x6969));      // NFS
-  EXPECT_TRUE(is_network_filesystem_magic(0x0bd00bd0));  // Lustre
-  EXPECT_TRUE(is_network_filesystem_magic(0x47504653));  // GPFS
-  EXPECT_FALSE(is_network_filesystem_magic(0xef53));     // ext4
-  EXPECT_FALSE(is_network_filesystem_magic(0x01021994)); // tmpfs
+  EXPECT_TRUE(is_network_filesystem_magic(0x6969));       // NFS
+  EXPECT_TRUE(is_network_filesystem_magic(0x0bd00bd0));   // Lustre
+  EXPECT_TRUE(is_network_filesystem_magic(0x47504653));   // GPFS
+  EXPECT_FALSE(is_network_filesystem_magic(0xef53));      // ext4
+  EXPECT_FALSE(is_network_filesystem_magic(0x01021994));  // tmpfs
 }
 
 TEST_F(CacheTest, WriterKilledMidTransactionLeavesNoPartialRowAndNoLock) {
-  { KernelCache cache(dir(), {}, 1 << 30, Mode::kServe); cache.publish(row(1)); }
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+  }
   const std::string db = dir() + "/kiln.db";
   const pid_t child = fork();
   if (child == 0) {
     sqlite3* raw = nullptr;
     sqlite3_open(db.c_str(), &raw);
-    sqlite3_exec(raw, "BEGIN IMMEDIATE; INSERT INTO kernels (key, kernel, operator, signature, target, backend, compiler, "
-                      "options, entry, binary, size, checksum, compile_ms, created, last_used) VALUES (x'00112233445566778899aabbccddeeff',"
-                      " 'partial', 'op', 's', 'sm_90a', 'cuda', 'c', '', 'e', zeroblob(100000), 100000, 0, 0, 0, 0)",
+    sqlite3_exec(raw,
+                 "BEGIN IMMEDIATE; INSERT INTO kernels (key, kernel, operator, signature, target, backend, compiler, "
+                 "options, entry, binary, size, checksum, compile_ms, created, last_used) VALUES (x'00112233445566778899aabbccddeeff',"
+                 " 'partial', 'op', 's', 'sm_90a', 'cuda', 'c', '', 'e', zeroblob(100000), 100000, 0, 0, 0, 0)",
                  nullptr, nullptr, nullptr);
     ::kill(::getpid(), SIGKILL);  // holding the write lock, uncommitted
   }
@@ -367,8 +375,9 @@ std::vector<std::string> race(const std::string& cache_dir, const std::vector<st
   fs::create_directories(base);
   std::string script = "cd " + base.string() + "; ";
   for (size_t i = 0; i < sigs.size(); ++i) {
-    script += fmt::format("( {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; echo $? > rc.{} ) & ",
-                          env, cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
+    script += fmt::format(
+        "( {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; echo $? > rc.{} ) & ", env,
+        cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
   }
   script += "wait";
   EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
@@ -408,8 +417,10 @@ TEST_F(CacheTest, ProcessKilledMidCompileLeavesNoLock) {
   fs::create_directories(dir());
   fs::permissions(dir(), fs::perms::owner_all);
   // A process whose compile hangs (the fake worker) holds the key's lock; kill -9 its group.
-  const std::string cmd = fmt::format("KILN_CACHE_DIR={} KILN_COMPILE_WORKER={} setsid {} compile mha_prefill --target sm_90a --sig {} "
-                                      "> /dev/null 2>&1 & echo $!", dir(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI, kPrefillSig);
+  const std::string cmd = fmt::format(
+      "KILN_CACHE_DIR={} KILN_COMPILE_WORKER={} setsid {} compile mha_prefill --target sm_90a --sig {} "
+      "> /dev/null 2>&1 & echo $!",
+      dir(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI, kPrefillSig);
   FILE* p = popen(cmd.c_str(), "r");
   int pid = 0;
   ASSERT_EQ(fscanf(p, "%d", &pid), 1);
@@ -427,8 +438,10 @@ TEST_F(CacheTest, FullDiskKeepsServingFromMemory) {
   fs::create_directories(dir_);
   // A file-size limit of 24 KiB: the database can be created but the 15 KiB CUBIN row cannot be
   // written. SIGXFSZ is ignored so the write fails with EFBIG, as on a full disk.
-  const std::string cmd = fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 24; KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a "
-                                      "--json --sig {} > {}/out 2> {}/err'", dir(), KILN_TEST_CLI, kPrefillSig, dir_.string(), dir_.string());
+  const std::string cmd = fmt::format(
+      "bash -c 'trap \"\" XFSZ; ulimit -f 24; KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a "
+      "--json --sig {} > {}/out 2> {}/err'",
+      dir(), KILN_TEST_CLI, kPrefillSig, dir_.string(), dir_.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << file_bytes(dir_.string() + "/err");
   EXPECT_EQ(nlohmann::json::parse(file_bytes(dir_.string() + "/out"))["origin"], "compiled");
   const std::string err = file_bytes(dir_.string() + "/err");
@@ -441,17 +454,20 @@ TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {
   ASSERT_EQ(race(dir(), {kPrefillSig}), std::vector<std::string>{"compiled"});
   // Another user can read but not write this root-owned 0755 directory: as far as that user is
   // concerned it is read-only. setpriv switches to `nobody` for the child process.
-  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
-  fs::permissions(dir(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir_,
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir(),
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
   fs::permissions(dir() + "/kiln.db", fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
   if (::geteuid() != 0 || std::system("command -v setpriv > /dev/null") != 0) GTEST_SKIP() << "needs root and setpriv";
   const std::string out = "/tmp/kiln-ro-" + std::to_string(::getpid());
   fs::create_directories(out);
   fs::permissions(out, fs::perms::all);
   auto run_as_nobody = [&](const std::string& sig, const std::string& tag) {
-    const std::string cmd = fmt::format("setpriv --reuid=nobody --regid=nogroup --clear-groups env HOME=/nonexistent KILN_CACHE_DIR={} "
-                                        "KILN_COMPILE_ISOLATION=inprocess {} compile mha_prefill --target sm_90a --json --sig {} > {}/{}.out 2> {}/{}.err",
-                                        dir(), KILN_TEST_CLI, sig, out, tag, out, tag);
+    const std::string cmd = fmt::format(
+        "setpriv --reuid=nobody --regid=nogroup --clear-groups env HOME=/nonexistent KILN_CACHE_DIR={} "
+        "KILN_COMPILE_ISOLATION=inprocess {} compile mha_prefill --target sm_90a --json --sig {} > {}/{}.out 2> {}/{}.err",
+        dir(), KILN_TEST_CLI, sig, out, tag, out, tag);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << file_bytes(out + "/" + tag + ".err");
     return nlohmann::json::parse(file_bytes(out + "/" + tag + ".out"))["origin"].get<std::string>();
   };

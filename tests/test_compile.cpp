@@ -13,11 +13,11 @@
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
 #include "jit/sources.hpp"
-#include "support/signatures.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/registry.hpp"
+#include "support/signatures.hpp"
 
 namespace kiln {
 namespace {
@@ -71,8 +71,10 @@ TEST(Compile, EveryKernelForEveryClaimedTarget) {
         const auto request = detail::build_request(*spec, *sig, p);
         const auto binary = detail::get_or_compile(request);
         const auto& b = binary->result.binary;
-        if (b.size() < 4 || !(b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F')) return spec->name + " " + p.arch + ": not an ELF CUBIN";
-        if (!contains(b, binary->result.lowered_name)) return spec->name + " " + p.arch + ": entry " + binary->result.lowered_name + " not in the binary";
+        if (b.size() < 4 || !(b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F'))
+          return spec->name + " " + p.arch + ": not an ELF CUBIN";
+        if (!contains(b, binary->result.lowered_name))
+          return spec->name + " " + p.arch + ": entry " + binary->result.lowered_name + " not in the binary";
         return "";
       }));
     }
@@ -164,7 +166,11 @@ TEST(Driver, MissingDriverIsAClearErrorWhileOfflineCompilesWork) {
   std::ifstream in(out);
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(json.find("/nonexistent/libcuda.so.1"), std::string::npos) << json;
-  EXPECT_EQ(std::system((env + cli + " compile mha_prefill --target sm_90a --sig dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null").c_str()), 0);
+  EXPECT_EQ(std::system((env + cli +
+                         " compile mha_prefill --target sm_90a --sig "
+                         "dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null")
+                            .c_str()),
+            0);
   const int rc = std::system((env + cli + " explain mha_prefill --sig dtype=bf16,head_dim=64 > /dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 5) << "no target and no driver: exit code 5";
 }

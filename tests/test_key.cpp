@@ -29,17 +29,14 @@ std::string le64(uint64_t n) {
 std::string field(const std::string& f) { return le64(f.size()) + f; }
 
 TEST(KeyGolden, CanonicalBytes) {
-  const std::string expected = field("kiln-kernel-key") + field("1") + field("k") + field("k.cu") +
-                               field("#include \"b.h\"\n") + field("2") + field("a.h") + field("A") + field("b.h") +
-                               field("B") + field("f<1>") + field("1") + field("-std=c++17") + field("sm_90a") +
-                               field("nvrtc 13.0 0123456789abcdef");
+  const std::string expected = field("kiln-kernel-key") + field("1") + field("k") + field("k.cu") + field("#include \"b.h\"\n") +
+                               field("2") + field("a.h") + field("A") + field("b.h") + field("B") + field("f<1>") + field("1") +
+                               field("-std=c++17") + field("sm_90a") + field("nvrtc 13.0 0123456789abcdef");
   EXPECT_EQ(key_material(golden_request(), "nvrtc 13.0 0123456789abcdef"), expected);
   EXPECT_EQ(kKeyFormatVersion, 1u);
 }
 
-TEST(KeyGolden, Hash) {
-  EXPECT_EQ(compute_key(golden_request(), "nvrtc 13.0 0123456789abcdef").hex(), "b1c17345d185258b9e70549689db6e0b");
-}
+TEST(KeyGolden, Hash) { EXPECT_EQ(compute_key(golden_request(), "nvrtc 13.0 0123456789abcdef").hex(), "b1c17345d185258b9e70549689db6e0b"); }
 
 }  // namespace
 }  // namespace kiln::detail

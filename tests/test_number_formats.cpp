@@ -19,12 +19,12 @@ TEST(NumberFormats, EveryF16ValueRoundTrips) {
 
 TEST(NumberFormats, F16RoundsToNearestEven) {
   EXPECT_EQ(float_to_f16(1.0f), 0x3C00);
-  EXPECT_EQ(float_to_f16(1.0f + 0.5f / 1024), 0x3C00);         // halfway: to even
-  EXPECT_EQ(float_to_f16(1.0f + 1.5f / 1024), 0x3C02);         // halfway: to even (up)
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);                  // rounds up to infinity
+  EXPECT_EQ(float_to_f16(1.0f + 0.5f / 1024), 0x3C00);  // halfway: to even
+  EXPECT_EQ(float_to_f16(1.0f + 1.5f / 1024), 0x3C02);  // halfway: to even (up)
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);            // rounds up to infinity
   EXPECT_EQ(float_to_f16(65504.0f), 0x7BFF);
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);     // smallest subnormal
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -26)), 0x0000);     // below half of it
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -26)), 0x0000);  // below half of it
   EXPECT_EQ(float_to_f16(-2.0f), 0xC000);
   EXPECT_EQ(f16_to_float(0x0400), std::ldexp(1.0f, -14));
 }

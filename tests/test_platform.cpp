@@ -48,8 +48,8 @@ TEST(Platform, DetectionWithoutDriverExplains) {
 }
 
 TEST(Tensor, DTypeNamesRoundTrip) {
-  for (DType d : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kF8E5M2, DType::kF4E2M1x2,
-                  DType::kE8M0, DType::kI32, DType::kI64}) {
+  for (DType d :
+       {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kF8E5M2, DType::kF4E2M1x2, DType::kE8M0, DType::kI32, DType::kI64}) {
     EXPECT_EQ(parse_dtype(dtype_name(d)), d);
     EXPECT_GT(dtype_size(d), 0u);
   }

@@ -45,9 +45,7 @@ TEST(Plugin, AbiMismatchIsRefusedWithBothVersions) {
   }
 }
 
-TEST(Plugin, MissingFileOrEntryIsRefused) {
-  EXPECT_THROW(load_plugin("/nonexistent.so"), Error);
-}
+TEST(Plugin, MissingFileOrEntryIsRefused) { EXPECT_THROW(load_plugin("/nonexistent.so"), Error); }
 
 }  // namespace
 }  // namespace kiln

@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <array>
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <thread>
 
 #include "attention/decode_workspace.h"
 #include "attention/params.h"
+#include "kiln/error.hpp"
+#include "kiln/registry.hpp"
 #include "moe/params.h"
 #include "moe/stream_workspace.h"
 #include "support/signatures.hpp"
-#include "kiln/error.hpp"
-#include "kiln/registry.hpp"
 
 namespace kiln {
 namespace {
@@ -21,8 +21,8 @@ namespace {
 const OperatorId kPrefill{kFamilyAttention, kModePrefill};
 
 // A kernel that accepts head_dim in `dims` (all when empty).
-KernelSpec make_kernel(const std::string& name, Priority priority, std::vector<int64_t> dims = {},
-                       Requirements req = {}, int specificity = 0) {
+KernelSpec make_kernel(const std::string& name, Priority priority, std::vector<int64_t> dims = {}, Requirements req = {},
+                       int specificity = 0) {
   KernelSpec k;
   k.name = name;
   k.family = kFamilyAttention;
@@ -132,8 +132,8 @@ TEST(Selector, OverrideByApiAndEnvironment) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNoKernel);
-    EXPECT_NE(std::string(e.what()).find("override 'fast' cannot run this call: signature: head_dim 64 unsupported"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("override 'fast' cannot run this call: signature: head_dim 64 unsupported"), std::string::npos)
+        << e.what();
   }
   r.set_override(kPrefill, "");
   EXPECT_EQ(r.select(sig_with_head_dim(64), h)->name, "ref");
@@ -270,7 +270,9 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
 // the reference beyond, with the reason; its workspace grows with T * k * (H + I).
 TEST(Selector, MoeStreamUpTo256Experts) {
   const Platform sm90 = platform_for_target("sm_90a");
-  EXPECT_EQ(Registry::global().select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), sm90)->name,
+  EXPECT_EQ(Registry::global()
+                .select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), sm90)
+                ->name,
             "moe.apply.stream");
   const Signature many = test::moe_signature("bf16", 256, 128, 300, 4, "f32", "silu_glu", "concat", "none");
   EXPECT_EQ(Registry::global().select(many, sm90)->name, "moe.apply.reference");
@@ -330,19 +332,24 @@ TEST(Selector, AmdDecodeSplitsSmallBatches) {
 // matrix-core kernel reads the standard layout only.
 TEST(Selector, PreparedMxfp4) {
   const Signature sig = test::moe_signature("mxfp4_prepared", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
-  for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) EXPECT_EQ(Registry::global().select(sig, platform_for_target(arch))->name, "moe.apply.stream") << arch;
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a"})
+    EXPECT_EQ(Registry::global().select(sig, platform_for_target(arch))->name, "moe.apply.stream") << arch;
   const Platform amd = platform_for_target("gfx942");
   EXPECT_EQ(Registry::global().select(sig, amd)->name, "moe.apply.reference.amd");
   EXPECT_NE(Registry::global().explain(sig, amd).to_text().find("prepared MXFP4 weights unsupported"), std::string::npos);
   const Signature unknown = test::moe_signature("mxfp8", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
-  EXPECT_NE(Registry::global().explain(unknown, platform_for_target("sm_90a")).to_text().find("supported: bf16, mxfp4, mxfp4_prepared"), std::string::npos);
+  EXPECT_NE(Registry::global().explain(unknown, platform_for_target("sm_90a")).to_text().find("supported: bf16, mxfp4, mxfp4_prepared"),
+            std::string::npos);
 }
 
 TEST(Selector, MoeMfmaOnAmdUpTo256Experts) {
   for (const char* arch : {"gfx90a", "gfx942", "gfx950"}) {
     const Platform amd = platform_for_target(arch);
-    EXPECT_EQ(Registry::global().select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), amd)->name,
-              "moe.apply.mfma") << arch;
+    EXPECT_EQ(Registry::global()
+                  .select(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "f32", "swiglu_clamped", "interleaved", "f32"), amd)
+                  ->name,
+              "moe.apply.mfma")
+        << arch;
     const Signature many = test::moe_signature("bf16", 256, 128, 300, 4, "f32", "silu_glu", "concat", "none");
     EXPECT_EQ(Registry::global().select(many, amd)->name, "moe.apply.reference.amd") << arch;
     EXPECT_NE(Registry::global().explain(many, amd).to_text().find("experts 300 unsupported (at most 256)"), std::string::npos);

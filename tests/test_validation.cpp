@@ -5,8 +5,8 @@
 #include <functional>
 #include <vector>
 
-#include "kiln/error.hpp"
 #include "kiln/author.hpp"
+#include "kiln/error.hpp"
 
 namespace kiln {
 namespace {
@@ -88,40 +88,117 @@ TEST(Validation, Prefill) {
   static int host_cu_bad_order[] = {0, 70, 60};
   static int host_cu_bad_total[] = {0, 40, 99};
   static int host_cu_too_long[] = {0, 80, 100};
-  run_cases<MhaPrefillArgs>(&valid_prefill, {
-      {"q missing", [](auto& a) { a.q = {}; }, "q: required tensor is missing"},
-      {"q rank", [](auto& a) { a.q = dev(fake(1), DType::kBF16, {100, 4096}); }, "q: expected rank 3, got 2"},
-      {"q dtype", [](auto& a) { a.q.dtype = DType::kF32; }, "q: expected dtype bf16 or f16, got f32"},
-      {"k dtype mismatch", [](auto& a) { a.k.dtype = DType::kF16; a.v.dtype = DType::kF16; }, "k: dtype f16 must match q's dtype bf16"},
-      {"out dtype mismatch", [](auto& a) { a.out.dtype = DType::kF16; }, "out: dtype f16 must match q's dtype bf16"},
-      {"null data", [](auto& a) { a.k.data = nullptr; }, "k: data pointer is null"},
-      {"misaligned", [](auto& a) { a.v.data = static_cast<char*>(a.v.data) + 2; }, "v: data pointer"},
-      {"outer stride misaligned", [](auto& a) { a.q.strides[0] = 32 * 128 + 1; }, "q: stride of dimension 0"},
-      {"last dim strided", [](auto& a) { a.q.strides[2] = 2; }, "q: last dimension must be contiguous"},
-      {"negative size", [](auto& a) { a.k.shape[0] = -1; }, "k: dimension 0 has negative size"},
-      {"head_dim mismatch", [](auto& a) { a.k = dev(fake(2), DType::kBF16, {120, 8, 64}); }, "k: dimension 2 must be q's head_dim = 128"},
-      {"v rows", [](auto& a) { a.v = dev(fake(3), DType::kBF16, {121, 8, 128}); }, "v: dimension 0 must be k's total_k = 120"},
-      {"gqa ratio", [](auto& a) { a.k = dev(fake(2), DType::kBF16, {120, 5, 128}); a.v = dev(fake(3), DType::kBF16, {120, 5, 128}); }, "Hq = 32 must be a multiple of Hkv = 5"},
-      {"head_dim multiple of 8", [](auto& a) { for (auto* t : {&a.q, &a.k, &a.v, &a.out}) t->shape[2] = 100; }, "head_dim (dimension 2) must be a positive multiple of 8"},
-      {"out shape", [](auto& a) { a.out = dev(fake(4), DType::kBF16, {100, 16, 128}); }, "out: dimension 1 must be q's size = 32"},
-      {"cu length", [](auto& a) { a.cu_seqlens_k = dev(fake(6), DType::kI32, {4}); }, "cu_seqlens_k: dimension 0 must be cu_seqlens_q's length"},
-      {"cu too short", [](auto& a) { a.cu_seqlens_q = dev(fake(5), DType::kI32, {1}); }, "cu_seqlens_q: needs batch + 1 >= 2 entries"},
-      {"cu dtype", [](auto& a) { a.cu_seqlens_q.dtype = DType::kI64; }, "cu_seqlens_q: expected dtype i32, got i64"},
-      {"max_seqlen_q", [](auto& a) { a.max_seqlen_q = 101; }, "max_seqlen_q: must be in [0, total_q = 100]"},
-      {"max_seqlen_k", [](auto& a) { a.max_seqlen_k = -1; }, "max_seqlen_k: must be in [0, total_k = 120]"},
-      {"host cu order", [](auto& a) { a.cu_seqlens_k = TensorView::contiguous(host_cu_bad_order, DType::kI32, {3}, kHostDevice); }, "cu_seqlens_k must be non-decreasing"},
-      {"host cu total", [](auto& a) { a.cu_seqlens_q = TensorView::contiguous(host_cu_bad_total, DType::kI32, {3}, kHostDevice); }, "cu_seqlens_q[2] must equal the total row count 100"},
-      {"host cu max", [](auto& a) { a.cu_seqlens_q = TensorView::contiguous(host_cu_too_long, DType::kI32, {3}, kHostDevice); }, "has length 80 > max_seqlen_q = 60"},
-      {"lse shape", [](auto& a) { a.lse = dev(fake(7), DType::kF32, {100, 8}); }, "lse: dimension 1 must be Hq = 32"},
-      {"lse dtype", [](auto& a) { a.lse = dev(fake(7), DType::kBF16, {100, 32}); }, "lse: expected dtype f32"},
-      {"sinks shape", [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {8}); }, "sinks: dimension 0 must be Hq = 32"},
-      {"window", [](auto& a) { a.window_left = -2; }, "window_left: must be -1 (none) or >= 0"},
-      {"softcap", [](auto& a) { a.softcap = -1.0f; }, "softcap: must be >= 0"},
-      {"scale", [](auto& a) { a.softmax_scale = std::numeric_limits<float>::infinity(); }, "softmax_scale: must be finite"},
-      {"q on host", [](auto& a) { a.q.device = kHostDevice; }, "q: must be in device memory"},
-      {"k on other device", [](auto& a) { a.k.device = 1; }, "k: on device 1, but q is on device 0"},
-      {"32-bit overflow", [](auto& a) { a.k = dev(fake(2), DType::kBF16, {3000000, 8, 128}); a.v = dev(fake(3), DType::kBF16, {3000000, 8, 128}); }, "exceeds 32-bit indexing"},
-  });
+  run_cases<MhaPrefillArgs>(
+      &valid_prefill,
+      {
+          {.name = "q missing", .breaks = [](auto& a) { a.q = {}; }, .expect = "q: required tensor is missing"},
+          {.name = "q rank",
+           .breaks =
+               [](auto& a) {
+                 a.q = dev(fake(1), DType::kBF16, {100, 4096});
+               },
+           .expect = "q: expected rank 3, got 2"},
+          {.name = "q dtype", .breaks = [](auto& a) { a.q.dtype = DType::kF32; }, .expect = "q: expected dtype bf16 or f16, got f32"},
+          {.name = "k dtype mismatch",
+           .breaks =
+               [](auto& a) {
+                 a.k.dtype = DType::kF16;
+                 a.v.dtype = DType::kF16;
+               },
+           .expect = "k: dtype f16 must match q's dtype bf16"},
+          {.name = "out dtype mismatch",
+           .breaks = [](auto& a) { a.out.dtype = DType::kF16; },
+           .expect = "out: dtype f16 must match q's dtype bf16"},
+          {.name = "null data", .breaks = [](auto& a) { a.k.data = nullptr; }, .expect = "k: data pointer is null"},
+          {.name = "misaligned", .breaks = [](auto& a) { a.v.data = static_cast<char*>(a.v.data) + 2; }, .expect = "v: data pointer"},
+          {.name = "outer stride misaligned",
+           .breaks = [](auto& a) { a.q.strides[0] = 32 * 128 + 1; },
+           .expect = "q: stride of dimension 0"},
+          {.name = "last dim strided", .breaks = [](auto& a) { a.q.strides[2] = 2; }, .expect = "q: last dimension must be contiguous"},
+          {.name = "negative size", .breaks = [](auto& a) { a.k.shape[0] = -1; }, .expect = "k: dimension 0 has negative size"},
+          {.name = "head_dim mismatch",
+           .breaks =
+               [](auto& a) {
+                 a.k = dev(fake(2), DType::kBF16, {120, 8, 64});
+               },
+           .expect = "k: dimension 2 must be q's head_dim = 128"},
+          {.name = "v rows",
+           .breaks =
+               [](auto& a) {
+                 a.v = dev(fake(3), DType::kBF16, {121, 8, 128});
+               },
+           .expect = "v: dimension 0 must be k's total_k = 120"},
+          {.name = "gqa ratio",
+           .breaks =
+               [](auto& a) {
+                 a.k = dev(fake(2), DType::kBF16, {120, 5, 128});
+                 a.v = dev(fake(3), DType::kBF16, {120, 5, 128});
+               },
+           .expect = "Hq = 32 must be a multiple of Hkv = 5"},
+          {.name = "head_dim multiple of 8",
+           .breaks =
+               [](auto& a) {
+                 for (auto* t : {&a.q, &a.k, &a.v, &a.out}) t->shape[2] = 100;
+               },
+           .expect = "head_dim (dimension 2) must be a positive multiple of 8"},
+          {.name = "out shape",
+           .breaks =
+               [](auto& a) {
+                 a.out = dev(fake(4), DType::kBF16, {100, 16, 128});
+               },
+           .expect = "out: dimension 1 must be q's size = 32"},
+          {.name = "cu length",
+           .breaks = [](auto& a) { a.cu_seqlens_k = dev(fake(6), DType::kI32, {4}); },
+           .expect = "cu_seqlens_k: dimension 0 must be cu_seqlens_q's length"},
+          {.name = "cu too short",
+           .breaks = [](auto& a) { a.cu_seqlens_q = dev(fake(5), DType::kI32, {1}); },
+           .expect = "cu_seqlens_q: needs batch + 1 >= 2 entries"},
+          {.name = "cu dtype",
+           .breaks = [](auto& a) { a.cu_seqlens_q.dtype = DType::kI64; },
+           .expect = "cu_seqlens_q: expected dtype i32, got i64"},
+          {.name = "max_seqlen_q",
+           .breaks = [](auto& a) { a.max_seqlen_q = 101; },
+           .expect = "max_seqlen_q: must be in [0, total_q = 100]"},
+          {.name = "max_seqlen_k", .breaks = [](auto& a) { a.max_seqlen_k = -1; }, .expect = "max_seqlen_k: must be in [0, total_k = 120]"},
+          {.name = "host cu order",
+           .breaks = [](auto& a) { a.cu_seqlens_k = TensorView::contiguous(host_cu_bad_order, DType::kI32, {3}, kHostDevice); },
+           .expect = "cu_seqlens_k must be non-decreasing"},
+          {.name = "host cu total",
+           .breaks = [](auto& a) { a.cu_seqlens_q = TensorView::contiguous(host_cu_bad_total, DType::kI32, {3}, kHostDevice); },
+           .expect = "cu_seqlens_q[2] must equal the total row count 100"},
+          {.name = "host cu max",
+           .breaks = [](auto& a) { a.cu_seqlens_q = TensorView::contiguous(host_cu_too_long, DType::kI32, {3}, kHostDevice); },
+           .expect = "has length 80 > max_seqlen_q = 60"},
+          {.name = "lse shape",
+           .breaks =
+               [](auto& a) {
+                 a.lse = dev(fake(7), DType::kF32, {100, 8});
+               },
+           .expect = "lse: dimension 1 must be Hq = 32"},
+          {.name = "lse dtype",
+           .breaks =
+               [](auto& a) {
+                 a.lse = dev(fake(7), DType::kBF16, {100, 32});
+               },
+           .expect = "lse: expected dtype f32"},
+          {.name = "sinks shape",
+           .breaks = [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {8}); },
+           .expect = "sinks: dimension 0 must be Hq = 32"},
+          {.name = "window", .breaks = [](auto& a) { a.window_left = -2; }, .expect = "window_left: must be -1 (none) or >= 0"},
+          {.name = "softcap", .breaks = [](auto& a) { a.softcap = -1.0f; }, .expect = "softcap: must be >= 0"},
+          {.name = "scale",
+           .breaks = [](auto& a) { a.softmax_scale = std::numeric_limits<float>::infinity(); },
+           .expect = "softmax_scale: must be finite"},
+          {.name = "q on host", .breaks = [](auto& a) { a.q.device = kHostDevice; }, .expect = "q: must be in device memory"},
+          {.name = "k on other device", .breaks = [](auto& a) { a.k.device = 1; }, .expect = "k: on device 1, but q is on device 0"},
+          {.name = "32-bit overflow",
+           .breaks =
+               [](auto& a) {
+                 a.k = dev(fake(2), DType::kBF16, {3000000, 8, 128});
+                 a.v = dev(fake(3), DType::kBF16, {3000000, 8, 128});
+               },
+           .expect = "exceeds 32-bit indexing"},
+      });
 }
 
 TEST(Validation, PrefillAcceptsHostCuSeqlensAndOptionalTensors) {
@@ -135,36 +212,104 @@ TEST(Validation, PrefillAcceptsHostCuSeqlensAndOptionalTensors) {
   a.window_left = 0;
   a.softcap = 30.0f;
   EXPECT_NO_THROW(validate(a));
-  EXPECT_EQ(signature_of(a).canonical(),
-            "attention.prefill:causal=0,dtype=bf16,group=4,head_dim=128,lse=1,sinks=1,softcap=1,window=1");
+  EXPECT_EQ(signature_of(a).canonical(), "attention.prefill:causal=0,dtype=bf16,group=4,head_dim=128,lse=1,sinks=1,softcap=1,window=1");
 }
 
 TEST(Validation, Decode) {
   static int lens_too_long[] = {10, 300, 5, 5};
   static int lens_short[] = {10, 1, 5, 5};
   static int pages_bad[64] = {0};
-  run_cases<MhaDecodeArgs>(&valid_decode, {
-      {"q_len range", [](auto& a) { a.q_len = 9; }, "q_len: must be 1..8"},
-      {"q rows", [](auto& a) { a.q_len = 3; }, "q: dimension 0 (8) must be batch * q_len"},
-      {"cache rank", [](auto& a) { a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 1024}); }, "k_cache: expected rank 4"},
-      {"cache dtype", [](auto& a) { a.k_cache.dtype = DType::kF16; a.v_cache.dtype = DType::kF16; }, "k_cache: dtype must be q's dtype bf16 or e4m3"},
-      {"k/v dtype", [](auto& a) { a.v_cache.dtype = DType::kF8E4M3; }, "v_cache: dtype e4m3 must match k_cache's dtype bf16"},
-      {"v shape", [](auto& a) { a.v_cache = dev(fake(3), DType::kBF16, {64, 32, 8, 128}); }, "v_cache: dimension 1 must be k_cache's size = 16"},
-      {"head_dim", [](auto& a) { a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 8, 64}); }, "k_cache: dimension 3 must be q's head_dim = 128"},
-      {"gqa", [](auto& a) { a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 3, 128}); a.v_cache = dev(fake(3), DType::kBF16, {64, 16, 3, 128}); }, "Hq = 32 must be a multiple of Hkv = 3"},
-      {"page table batch", [](auto& a) { a.page_table = dev(fake(4), DType::kI32, {5, 16}); }, "page_table: dimension 0 must be batch (q rows / q_len) = 4"},
-      {"seqlens batch", [](auto& a) { a.cache_seqlens = dev(fake(5), DType::kI32, {3}); }, "cache_seqlens: dimension 0 must be batch"},
-      {"page table dtype", [](auto& a) { a.page_table.dtype = DType::kI64; }, "page_table: expected dtype i32"},
-      {"out shape", [](auto& a) { a.out = dev(fake(6), DType::kBF16, {4, 32, 128}); }, "out: dimension 0 must be q's size = 8"},
-      {"fp8 scale", [](auto& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3; a.k_scale = 0.0f; }, "k_scale: must be finite and > 0"},
-      {"host seqlens too long", [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_too_long, DType::kI32, {4}, kHostDevice); }, "cache_seqlens[1] = 300 is outside [0, max_pages_per_seq * page_size = 256]"},
-      {"host seqlens < q_len", [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_short, DType::kI32, {4}, kHostDevice); }, "cache_seqlens[1] = 1 is smaller than q_len = 2"},
-      {"host page index", [](auto& a) { pages_bad[3] = 64; a.page_table = TensorView::contiguous(pages_bad, DType::kI32, {4, 16}, kHostDevice); }, "page_table[0][3] = 64 is outside [0, num_pages = 64)"},
-      {"lse", [](auto& a) { a.lse = dev(fake(7), DType::kF32, {4, 32}); }, "lse: dimension 0 must be q rows = 8"},
-      {"sinks", [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {33}); }, "sinks: dimension 0 must be Hq = 32"},
-      {"window", [](auto& a) { a.window_left = -5; }, "window_left"},
-      {"cache misaligned", [](auto& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; }, "k_cache: data pointer"},
-  });
+  run_cases<MhaDecodeArgs>(
+      &valid_decode, {
+                         {.name = "q_len range", .breaks = [](auto& a) { a.q_len = 9; }, .expect = "q_len: must be 1..8"},
+                         {.name = "q rows", .breaks = [](auto& a) { a.q_len = 3; }, .expect = "q: dimension 0 (8) must be batch * q_len"},
+                         {.name = "cache rank",
+                          .breaks =
+                              [](auto& a) {
+                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 1024});
+                              },
+                          .expect = "k_cache: expected rank 4"},
+                         {.name = "cache dtype",
+                          .breaks =
+                              [](auto& a) {
+                                a.k_cache.dtype = DType::kF16;
+                                a.v_cache.dtype = DType::kF16;
+                              },
+                          .expect = "k_cache: dtype must be q's dtype bf16 or e4m3"},
+                         {.name = "k/v dtype",
+                          .breaks = [](auto& a) { a.v_cache.dtype = DType::kF8E4M3; },
+                          .expect = "v_cache: dtype e4m3 must match k_cache's dtype bf16"},
+                         {.name = "v shape",
+                          .breaks =
+                              [](auto& a) {
+                                a.v_cache = dev(fake(3), DType::kBF16, {64, 32, 8, 128});
+                              },
+                          .expect = "v_cache: dimension 1 must be k_cache's size = 16"},
+                         {.name = "head_dim",
+                          .breaks =
+                              [](auto& a) {
+                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 8, 64});
+                              },
+                          .expect = "k_cache: dimension 3 must be q's head_dim = 128"},
+                         {.name = "gqa",
+                          .breaks =
+                              [](auto& a) {
+                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 3, 128});
+                                a.v_cache = dev(fake(3), DType::kBF16, {64, 16, 3, 128});
+                              },
+                          .expect = "Hq = 32 must be a multiple of Hkv = 3"},
+                         {.name = "page table batch",
+                          .breaks =
+                              [](auto& a) {
+                                a.page_table = dev(fake(4), DType::kI32, {5, 16});
+                              },
+                          .expect = "page_table: dimension 0 must be batch (q rows / q_len) = 4"},
+                         {.name = "seqlens batch",
+                          .breaks = [](auto& a) { a.cache_seqlens = dev(fake(5), DType::kI32, {3}); },
+                          .expect = "cache_seqlens: dimension 0 must be batch"},
+                         {.name = "page table dtype",
+                          .breaks = [](auto& a) { a.page_table.dtype = DType::kI64; },
+                          .expect = "page_table: expected dtype i32"},
+                         {.name = "out shape",
+                          .breaks =
+                              [](auto& a) {
+                                a.out = dev(fake(6), DType::kBF16, {4, 32, 128});
+                              },
+                          .expect = "out: dimension 0 must be q's size = 8"},
+                         {.name = "fp8 scale",
+                          .breaks =
+                              [](auto& a) {
+                                a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
+                                a.k_scale = 0.0f;
+                              },
+                          .expect = "k_scale: must be finite and > 0"},
+                         {.name = "host seqlens too long",
+                          .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_too_long, DType::kI32, {4}, kHostDevice); },
+                          .expect = "cache_seqlens[1] = 300 is outside [0, max_pages_per_seq * page_size = 256]"},
+                         {.name = "host seqlens < q_len",
+                          .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_short, DType::kI32, {4}, kHostDevice); },
+                          .expect = "cache_seqlens[1] = 1 is smaller than q_len = 2"},
+                         {.name = "host page index",
+                          .breaks =
+                              [](auto& a) {
+                                pages_bad[3] = 64;
+                                a.page_table = TensorView::contiguous(pages_bad, DType::kI32, {4, 16}, kHostDevice);
+                              },
+                          .expect = "page_table[0][3] = 64 is outside [0, num_pages = 64)"},
+                         {.name = "lse",
+                          .breaks =
+                              [](auto& a) {
+                                a.lse = dev(fake(7), DType::kF32, {4, 32});
+                              },
+                          .expect = "lse: dimension 0 must be q rows = 8"},
+                         {.name = "sinks",
+                          .breaks = [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {33}); },
+                          .expect = "sinks: dimension 0 must be Hq = 32"},
+                         {.name = "window", .breaks = [](auto& a) { a.window_left = -5; }, .expect = "window_left"},
+                         {.name = "cache misaligned",
+                          .breaks = [](auto& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; },
+                          .expect = "k_cache: data pointer"},
+                     });
 }
 
 TEST(Validation, DecodeSignature) {
@@ -179,40 +324,145 @@ TEST(Validation, DecodeSignature) {
 
 TEST(Validation, Moe) {
   static int ids_bad[32] = {0, 9};
-  run_cases<MoeArgs>(&valid_moe, {
-      {"x dtype", [](auto& a) { a.x.dtype = DType::kF16; }, "x: expected dtype bf16"},
-      {"out shape", [](auto& a) { a.out = dev(fake(2), DType::kBF16, {16, 128}); }, "out: dimension 1 must be x's hidden size H = 256"},
-      {"both routings", [](auto& a) { a.topk_ids = dev(fake(8), DType::kI32, {16, 2}); a.topk_weights = dev(fake(9), DType::kF32, {16, 2}); }, "give exactly one way of routing"},
-      {"no routing", [](auto& a) { a.router_logits = {}; }, "give exactly one way of routing"},
-      {"top_k", [](auto& a) { a.top_k = 9; }, "top_k: must be in [1, E = 8]"},
-      {"logits experts", [](auto& a) { a.router_logits = dev(fake(3), DType::kF32, {16, 7}); }, "router_logits: dimension 1 must be w13's expert count E = 8"},
-      {"logits tokens", [](auto& a) { a.router_logits = dev(fake(3), DType::kF32, {15, 8}); }, "router_logits: dimension 0 must be T = 16"},
-      {"w13 odd", [](auto& a) { a.w13 = dev(fake(4), DType::kBF16, {8, 255, 256}); }, "w13: dimension 1 must be 2 * I"},
-      {"w13 hidden", [](auto& a) { a.w13 = dev(fake(4), DType::kBF16, {8, 256, 128}); }, "w13: dimension 2 must be x's hidden size H = 256"},
-      {"w2 experts", [](auto& a) { a.w2 = dev(fake(5), DType::kBF16, {7, 256, 128}); }, "w2: dimension 0 must be w13's expert count E = 8"},
-      {"w2 inter", [](auto& a) { a.w2 = dev(fake(5), DType::kBF16, {8, 256, 64}); }, "w2: dimension 2 must be w13's intermediate size I = 128"},
-      {"w2 dtype", [](auto& a) { a.w2.dtype = DType::kF4E2M1x2; }, "w2: expected dtype bf16"},
-      {"bias shape", [](auto& a) { a.w13_bias = dev(fake(10), DType::kF32, {8, 128}); }, "w13_bias: dimension 1 must be 2 * I = 256"},
-      {"bias dtype", [](auto& a) { a.w2_bias = dev(fake(11), DType::kF16, {8, 256}); }, "w2_bias: expected dtype f32 or bf16"},
-      {"scale on bf16", [](auto& a) { a.w13_scale = dev(fake(6), DType::kE8M0, {8, 256, 8}); }, "only MXFP4 (e2m1x2) weights take scales"},
-      {"ids shape", [](auto& a) { a.router_logits = {}; a.topk_ids = dev(fake(8), DType::kI32, {16, 3}); a.topk_weights = dev(fake(9), DType::kF32, {16, 3}); }, "topk_ids: dimension 1 must be top_k = 2"},
-      {"weights dtype", [](auto& a) { a.router_logits = {}; a.topk_ids = dev(fake(8), DType::kI32, {16, 2}); a.topk_weights = dev(fake(9), DType::kBF16, {16, 2}); }, "topk_weights: expected dtype f32"},
-      {"host ids range", [](auto& a) { a.router_logits = {}; a.topk_ids = TensorView::contiguous(ids_bad, DType::kI32, {16, 2}, kHostDevice); a.topk_weights = dev(fake(9), DType::kF32, {16, 2}); }, "topk_ids[0][1] = 9 is outside [0, E = 8)"},
-      {"routing enum", [](auto& a) { a.routing = static_cast<MoeRouting>(7); }, "routing: must be 0"},
-      {"activation enum", [](auto& a) { a.activation = static_cast<MoeActivation>(-1); }, "activation: must be 0"},
-      {"layout enum", [](auto& a) { a.gate_up_layout = static_cast<GateUpLayout>(2); }, "gate_up_layout: must be 0"},
-      {"w13 on host", [](auto& a) { a.w13.device = kHostDevice; }, "w13: must be in device memory"},
-  });
+  run_cases<MoeArgs>(
+      &valid_moe,
+      {
+          {.name = "x dtype", .breaks = [](auto& a) { a.x.dtype = DType::kF16; }, .expect = "x: expected dtype bf16"},
+          {.name = "out shape",
+           .breaks =
+               [](auto& a) {
+                 a.out = dev(fake(2), DType::kBF16, {16, 128});
+               },
+           .expect = "out: dimension 1 must be x's hidden size H = 256"},
+          {.name = "both routings",
+           .breaks =
+               [](auto& a) {
+                 a.topk_ids = dev(fake(8), DType::kI32, {16, 2});
+                 a.topk_weights = dev(fake(9), DType::kF32, {16, 2});
+               },
+           .expect = "give exactly one way of routing"},
+          {.name = "no routing", .breaks = [](auto& a) { a.router_logits = {}; }, .expect = "give exactly one way of routing"},
+          {.name = "top_k", .breaks = [](auto& a) { a.top_k = 9; }, .expect = "top_k: must be in [1, E = 8]"},
+          {.name = "logits experts",
+           .breaks =
+               [](auto& a) {
+                 a.router_logits = dev(fake(3), DType::kF32, {16, 7});
+               },
+           .expect = "router_logits: dimension 1 must be w13's expert count E = 8"},
+          {.name = "logits tokens",
+           .breaks =
+               [](auto& a) {
+                 a.router_logits = dev(fake(3), DType::kF32, {15, 8});
+               },
+           .expect = "router_logits: dimension 0 must be T = 16"},
+          {.name = "w13 odd",
+           .breaks =
+               [](auto& a) {
+                 a.w13 = dev(fake(4), DType::kBF16, {8, 255, 256});
+               },
+           .expect = "w13: dimension 1 must be 2 * I"},
+          {.name = "w13 hidden",
+           .breaks =
+               [](auto& a) {
+                 a.w13 = dev(fake(4), DType::kBF16, {8, 256, 128});
+               },
+           .expect = "w13: dimension 2 must be x's hidden size H = 256"},
+          {.name = "w2 experts",
+           .breaks =
+               [](auto& a) {
+                 a.w2 = dev(fake(5), DType::kBF16, {7, 256, 128});
+               },
+           .expect = "w2: dimension 0 must be w13's expert count E = 8"},
+          {.name = "w2 inter",
+           .breaks =
+               [](auto& a) {
+                 a.w2 = dev(fake(5), DType::kBF16, {8, 256, 64});
+               },
+           .expect = "w2: dimension 2 must be w13's intermediate size I = 128"},
+          {.name = "w2 dtype", .breaks = [](auto& a) { a.w2.dtype = DType::kF4E2M1x2; }, .expect = "w2: expected dtype bf16"},
+          {.name = "bias shape",
+           .breaks =
+               [](auto& a) {
+                 a.w13_bias = dev(fake(10), DType::kF32, {8, 128});
+               },
+           .expect = "w13_bias: dimension 1 must be 2 * I = 256"},
+          {.name = "bias dtype",
+           .breaks =
+               [](auto& a) {
+                 a.w2_bias = dev(fake(11), DType::kF16, {8, 256});
+               },
+           .expect = "w2_bias: expected dtype f32 or bf16"},
+          {.name = "scale on bf16",
+           .breaks =
+               [](auto& a) {
+                 a.w13_scale = dev(fake(6), DType::kE8M0, {8, 256, 8});
+               },
+           .expect = "only MXFP4 (e2m1x2) weights take scales"},
+          {.name = "ids shape",
+           .breaks =
+               [](auto& a) {
+                 a.router_logits = {};
+                 a.topk_ids = dev(fake(8), DType::kI32, {16, 3});
+                 a.topk_weights = dev(fake(9), DType::kF32, {16, 3});
+               },
+           .expect = "topk_ids: dimension 1 must be top_k = 2"},
+          {.name = "weights dtype",
+           .breaks =
+               [](auto& a) {
+                 a.router_logits = {};
+                 a.topk_ids = dev(fake(8), DType::kI32, {16, 2});
+                 a.topk_weights = dev(fake(9), DType::kBF16, {16, 2});
+               },
+           .expect = "topk_weights: expected dtype f32"},
+          {.name = "host ids range",
+           .breaks =
+               [](auto& a) {
+                 a.router_logits = {};
+                 a.topk_ids = TensorView::contiguous(ids_bad, DType::kI32, {16, 2}, kHostDevice);
+                 a.topk_weights = dev(fake(9), DType::kF32, {16, 2});
+               },
+           .expect = "topk_ids[0][1] = 9 is outside [0, E = 8)"},
+          {.name = "routing enum", .breaks = [](auto& a) { a.routing = static_cast<MoeRouting>(7); }, .expect = "routing: must be 0"},
+          {.name = "activation enum",
+           .breaks = [](auto& a) { a.activation = static_cast<MoeActivation>(-1); },
+           .expect = "activation: must be 0"},
+          {.name = "layout enum",
+           .breaks = [](auto& a) { a.gate_up_layout = static_cast<GateUpLayout>(2); },
+           .expect = "gate_up_layout: must be 0"},
+          {.name = "w13 on host", .breaks = [](auto& a) { a.w13.device = kHostDevice; }, .expect = "w13: must be in device memory"},
+      });
 }
 
 TEST(Validation, MoeMxfp4) {
-  run_cases<MoeArgs>(&valid_moe_mxfp4, {
-      {"scale missing", [](auto& a) { a.w13_scale = {}; }, "w13_scale: required tensor is missing"},
-      {"scale blocks", [](auto& a) { a.w13_scale = dev(fake(6), DType::kE8M0, {8, 256, 16}); }, "w13_scale: dimension 2 must be H / 32 = 8"},
-      {"w2 scale", [](auto& a) { a.w2_scale = dev(fake(7), DType::kE8M0, {8, 256, 8}); }, "w2_scale: dimension 2 must be I / 32 = 4"},
-      {"packed hidden", [](auto& a) { a.w13 = dev(fake(4), DType::kF4E2M1x2, {8, 256, 256}); }, "w13: dimension 2 must be H / 2 (packed e2m1) = 128"},
-      {"w2 format", [](auto& a) { a.w2 = dev(fake(5), DType::kBF16, {8, 256, 128}); }, "w2: expected dtype e2m1x2"},
-  });
+  run_cases<MoeArgs>(
+      &valid_moe_mxfp4,
+      {
+          {.name = "scale missing", .breaks = [](auto& a) { a.w13_scale = {}; }, .expect = "w13_scale: required tensor is missing"},
+          {.name = "scale blocks",
+           .breaks =
+               [](auto& a) {
+                 a.w13_scale = dev(fake(6), DType::kE8M0, {8, 256, 16});
+               },
+           .expect = "w13_scale: dimension 2 must be H / 32 = 8"},
+          {.name = "w2 scale",
+           .breaks =
+               [](auto& a) {
+                 a.w2_scale = dev(fake(7), DType::kE8M0, {8, 256, 8});
+               },
+           .expect = "w2_scale: dimension 2 must be I / 32 = 4"},
+          {.name = "packed hidden",
+           .breaks =
+               [](auto& a) {
+                 a.w13 = dev(fake(4), DType::kF4E2M1x2, {8, 256, 256});
+               },
+           .expect = "w13: dimension 2 must be H / 2 (packed e2m1) = 128"},
+          {.name = "w2 format",
+           .breaks =
+               [](auto& a) {
+                 a.w2 = dev(fake(5), DType::kBF16, {8, 256, 128});
+               },
+           .expect = "w2: expected dtype e2m1x2"},
+      });
   EXPECT_EQ(signature_of(valid_moe_mxfp4()).get("weights"), "mxfp4");
 }
 
@@ -225,10 +475,14 @@ MoeArgs valid_moe_mxfp4_prepared() {
 }
 
 TEST(Validation, MoeMxfp4Prepared) {
-  run_cases<MoeArgs>(&valid_moe_mxfp4_prepared, {
-      {"w2 standard", [](auto& a) { a.w2.dtype = DType::kF4E2M1x2; }, "w2: expected dtype e2m1x2_prepared, got e2m1x2"},
-      {"scale missing", [](auto& a) { a.w2_scale = {}; }, "w2_scale: required tensor is missing"},
-  });
+  run_cases<MoeArgs>(
+      &valid_moe_mxfp4_prepared,
+      {
+          {.name = "w2 standard",
+           .breaks = [](auto& a) { a.w2.dtype = DType::kF4E2M1x2; },
+           .expect = "w2: expected dtype e2m1x2_prepared, got e2m1x2"},
+          {.name = "scale missing", .breaks = [](auto& a) { a.w2_scale = {}; }, .expect = "w2_scale: required tensor is missing"},
+      });
   EXPECT_EQ(signature_of(valid_moe_mxfp4_prepared()).get("weights"), "mxfp4_prepared");
 }
 
@@ -242,7 +496,8 @@ void expect_keys_match(const Signature& sig) {
   const SignatureKeys keys = signature_keys(sig.op());
   for (const auto& k : keys.required) EXPECT_TRUE(sig.has(k)) << sig.canonical() << " lacks " << k;
   for (const auto& [k, v] : sig.fields()) {
-    const bool known = std::count(keys.required.begin(), keys.required.end(), k) + std::count(keys.optional.begin(), keys.optional.end(), k);
+    const bool known =
+        std::count(keys.required.begin(), keys.required.end(), k) + std::count(keys.optional.begin(), keys.optional.end(), k);
     EXPECT_TRUE(known) << sig.canonical() << ": " << k << " is not in signature_keys()";
   }
 }

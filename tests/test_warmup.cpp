@@ -70,7 +70,8 @@ TEST(Manifest, ErrorsNameFileLineAndField) {
             "m.json:9: operators[0].signature.page_size: an array of values must not be empty");
   EXPECT_EQ(manifest_error(with("\"q_len\": 1,", "\"q_len\": 1, \"qlen\": 2,")).substr(0, 45),
             "m.json:9: operators[0].signature.qlen: unknow");
-  EXPECT_NE(manifest_error(with("\"lse\": false", "\"lse_\": false")).find("m.json:7: operators[0].signature: missing key 'lse'"), std::string::npos);
+  EXPECT_NE(manifest_error(with("\"lse\": false", "\"lse_\": false")).find("m.json:7: operators[0].signature: missing key 'lse'"),
+            std::string::npos);
   EXPECT_EQ(manifest_error(with("mha_decode_with_kvcache", "mha_decode")).substr(0, 40), "m.json:6: operators[0].op: operator: unk");
   EXPECT_EQ(manifest_error(with("\"kiln_manifest\": 1", "\"kiln_manifest\": 2")),
             "m.json:2: kiln_manifest: must be 1, the manifest format this kiln reads");
@@ -96,8 +97,8 @@ TEST(Manifest, BuiltinsCoverTheModels) {
 class WarmupTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kiln-warmup-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("kiln-warmup-" + std::to_string(::getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -130,8 +131,8 @@ TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {
   int rc = -1;
   // No usable AMD compiler: every gfx942 signature fails, every sm_90a one is built.
-  const std::string out = run("warmup --manifest llama-3.1-8b --target sm_90a,gfx942", &rc,
-                              "KILN_AMD_COMPILER=clang KILN_CLANG=/bin/false");
+  const std::string out =
+      run("warmup --manifest llama-3.1-8b --target sm_90a,gfx942", &rc, "KILN_AMD_COMPILER=clang KILN_CLANG=/bin/false");
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("failed     5"), std::string::npos) << out;
   EXPECT_NE(out.find("on gfx942: "), std::string::npos) << out;
@@ -142,8 +143,9 @@ TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {
 
 TEST_F(WarmupTest, InterruptLeavesTheCacheConsistentAndARerunContinues) {
   // A hanging compiler makes the warm-up slow enough to interrupt deterministically.
-  const std::string cmd = fmt::format("cd {} && KILN_CACHE_DIR={}/cache KILN_COMPILE_WORKER={} exec {} warmup -j 1 --manifest mixtral-8x7b > out 2>&1",
-                                      dir_.string(), dir_.string(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI);
+  const std::string cmd =
+      fmt::format("cd {} && KILN_CACHE_DIR={}/cache KILN_COMPILE_WORKER={} exec {} warmup -j 1 --manifest mixtral-8x7b > out 2>&1",
+                  dir_.string(), dir_.string(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI);
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);

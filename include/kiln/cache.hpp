@@ -22,24 +22,24 @@ namespace kiln {
 
 // Counters of this process since start, plus the state of the database.
 struct CacheStats {
-  std::string directory;         // empty when no directory is in use
-  bool persistent = false;       // false: memory only (see degraded_reason)
-  std::string degraded_reason;   // why the directory is not in use, if it is not
+  std::string directory;        // empty when no directory is in use
+  bool persistent = false;      // false: memory only (see degraded_reason)
+  std::string degraded_reason;  // why the directory is not in use, if it is not
   std::vector<std::string> seeds;
-  uint64_t entries = 0;          // rows in the writable database
-  uint64_t bytes = 0;            // sum of their binary sizes
+  uint64_t entries = 0;  // rows in the writable database
+  uint64_t bytes = 0;    // sum of their binary sizes
   uint64_t max_bytes = 0;
   // This process:
-  uint64_t memory_hits = 0;      // binaries found in the process's own table
-  uint64_t disk_hits = 0;        // ... in the writable database
-  uint64_t seed_hits = 0;        // ... in a seed database
-  uint64_t misses = 0;           // not found anywhere: compiled
+  uint64_t memory_hits = 0;  // binaries found in the process's own table
+  uint64_t disk_hits = 0;    // ... in the writable database
+  uint64_t seed_hits = 0;    // ... in a seed database
+  uint64_t misses = 0;       // not found anywhere: compiled
   uint64_t compiles = 0;
   double compile_ms = 0;
   uint64_t bytes_written = 0;
   uint64_t evictions = 0;
-  uint64_t bad_entries = 0;      // checksum, target or compiler mismatch, or failed load: dropped
-  uint64_t lock_waits = 0;       // waited for another process compiling the same key
+  uint64_t bad_entries = 0;  // checksum, target or compiler mismatch, or failed load: dropped
+  uint64_t lock_waits = 0;   // waited for another process compiling the same key
 };
 
 struct CacheEntry {

@@ -34,8 +34,8 @@ class Error : public std::runtime_error {
   const std::vector<std::string>& compile_options() const { return compile_options_; }
   const std::string& compile_target() const { return compile_target_; }
 
-  static Error compile_failed(const std::string& kernel, const std::string& target,
-                              const std::vector<std::string>& options, const std::string& log);
+  static Error compile_failed(const std::string& kernel, const std::string& target, const std::vector<std::string>& options,
+                              const std::string& log);
 
  private:
   ErrorCode code_;

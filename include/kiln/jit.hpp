@@ -29,8 +29,8 @@ enum class AmdCompiler { kAuto, kHiprtc, kClang };
 
 struct JitSettings {
   CompileIsolation isolation = CompileIsolation::kWorkerProcess;
-  std::string worker_path;        // empty: next to libkiln (../libexec/kiln/kiln-compile-worker)
-  double timeout_seconds = 300;   // worker, and the offline clang
+  std::string worker_path;       // empty: next to libkiln (../libexec/kiln/kiln-compile-worker)
+  double timeout_seconds = 300;  // worker, and the offline clang
   AmdCompiler amd_compiler = AmdCompiler::kAuto;
 };
 
@@ -38,14 +38,14 @@ JitSettings jit_settings();
 void set_jit_settings(const JitSettings& settings);
 
 struct CompiledKernel {
-  std::string kernel;          // registered kernel name
-  std::string signature;       // canonical
-  std::string target;          // "sm_90a", "gfx942"
-  std::string key;             // 32 hex digits (XXH3-128)
+  std::string kernel;     // registered kernel name
+  std::string signature;  // canonical
+  std::string target;     // "sm_90a", "gfx942"
+  std::string key;        // 32 hex digits (XXH3-128)
   std::string name_expression;
   std::string lowered_name;
-  std::string compiler;        // compiler identity
-  std::vector<uint8_t> binary; // CUBIN, or an AMD code object
+  std::string compiler;         // compiler identity
+  std::vector<uint8_t> binary;  // CUBIN, or an AMD code object
   double compile_ms = 0;
   // "compiled", "disk" (the cache), "seed" (a seed database), or "memory" (an earlier call in this
   // process produced the same binary, e.g. for another signature that specializes identically)

@@ -105,8 +105,7 @@ KILN_API kiln_status kiln_moe_prepare_weights(kiln_tensor* weights, void* stream
 KILN_API kiln_status kiln_list_kernels_json(char** json_out);
 /* op: "mha_prefill" | "mha_decode_with_kvcache" | "moe_apply"; signature: "key=value,...";
  * target: "sm_90a", ... or NULL for the current device. */
-KILN_API kiln_status kiln_explain_json(const char* op, const char* signature, const char* target,
-                                       char** json_out);
+KILN_API kiln_status kiln_explain_json(const char* op, const char* signature, const char* target, char** json_out);
 /* Forces a kernel for an operator; NULL or "" clears the override. */
 KILN_API kiln_status kiln_set_override(const char* op, const char* kernel_name);
 KILN_API kiln_status kiln_load_plugin(const char* path);

@@ -109,12 +109,12 @@ enum class GateUpLayout { kConcatenated = 0, kInterleaved = 1 };
 
 struct MoeArgs {
   TensorView x, out;
-  TensorView router_logits;               // either this ...
-  TensorView topk_ids, topk_weights;      // ... or these two
+  TensorView router_logits;           // either this ...
+  TensorView topk_ids, topk_weights;  // ... or these two
   int32_t top_k = 0;
   MoeRouting routing = MoeRouting::kTopkThenSoftmax;
-  bool renormalize = true;                // kSoftmaxThenTopk only
-  TensorView w13, w13_scale, w13_bias;    // scale: MXFP4 only; bias optional
+  bool renormalize = true;              // kSoftmaxThenTopk only
+  TensorView w13, w13_scale, w13_bias;  // scale: MXFP4 only; bias optional
   TensorView w2, w2_scale, w2_bias;
   MoeActivation activation = MoeActivation::kSiluGlu;
   GateUpLayout gate_up_layout = GateUpLayout::kConcatenated;

@@ -20,8 +20,8 @@ struct Platform {
   // Capability strings kernels require: "mma:mma_sync", "mma:wgmma", "memory:tma",
   // "memory:cp_async", "tensor_core:fp8", "tensor_core:fp4", "mma:mfma", "mma:mfma_f8f6f4", ...
   std::vector<std::string> features;
-  int multiprocessor_count = 0;         // SMs or CUs
-  size_t shared_memory_per_block = 0;   // opt-in maximum, bytes
+  int multiprocessor_count = 0;        // SMs or CUs
+  size_t shared_memory_per_block = 0;  // opt-in maximum, bytes
   size_t l2_bytes = 0;
   int warp_size = 32;
   // True when this describes a device kiln found; false for a target from the table.

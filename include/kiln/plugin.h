@@ -22,24 +22,23 @@ extern "C" {
 #define KILN_PLUGIN_ABI_VERSION 1u
 
 typedef struct kiln_plugin_kernel {
-  const char* name;     /* unique across kiln, e.g. "acme.attention.prefill.fast" */
-  const char* family;   /* "attention" | "moe" */
-  const char* mode;     /* "prefill" | "decode" | "apply" */
-  const char* vendor;   /* "nvidia" | "amd" */
-  int32_t min_arch;     /* inclusive, as Platform::arch_version (sm_90a -> 90); 0: any */
-  int32_t max_arch;     /* inclusive; 0: any */
-  const char* features; /* comma-separated required features, e.g. "mma:wgmma,memory:tma" */
-  int32_t priority;     /* 0 reference .. 4 plugin; kiln clamps nothing, so choose honestly */
-  int32_t specificity;  /* signature properties this kernel constrains (tie-breaker) */
-  const char* source;   /* full kernel source text */
+  const char* name;            /* unique across kiln, e.g. "acme.attention.prefill.fast" */
+  const char* family;          /* "attention" | "moe" */
+  const char* mode;            /* "prefill" | "decode" | "apply" */
+  const char* vendor;          /* "nvidia" | "amd" */
+  int32_t min_arch;            /* inclusive, as Platform::arch_version (sm_90a -> 90); 0: any */
+  int32_t max_arch;            /* inclusive; 0: any */
+  const char* features;        /* comma-separated required features, e.g. "mma:wgmma,memory:tma" */
+  int32_t priority;            /* 0 reference .. 4 plugin; kiln clamps nothing, so choose honestly */
+  int32_t specificity;         /* signature properties this kernel constrains (tie-breaker) */
+  const char* source;          /* full kernel source text */
   const char* name_expression; /* the __global__ function to instantiate, e.g. "acme_prefill" */
   /* Returns 1 if the kernel runs the canonical signature (see kiln::Signature::canonical);
    * otherwise 0 and a NUL-terminated reason written into reason[0..reason_size). */
   int (*accepts)(const char* signature, char* reason, size_t reason_size);
   /* Launch geometry for one call: params points at the operator's parameter block, target is
    * the arch ("sm_90a"). Returns 0 on success, else nonzero (kiln reports it as unsupported). */
-  int (*launch_shape)(const void* params, const char* target, uint32_t grid[3], uint32_t block[3],
-                      uint32_t* dynamic_shared_bytes);
+  int (*launch_shape)(const void* params, const char* target, uint32_t grid[3], uint32_t block[3], uint32_t* dynamic_shared_bytes);
 } kiln_plugin_kernel;
 
 typedef struct kiln_plugin {

@@ -68,8 +68,8 @@ struct TensorMapRequest {
   uint32_t box[3] = {1, 1, 1};   // elements per copy, innermost first: box[0] = 64 (128 bytes)
 
   // A map of dims.size() dimensions (2 or 3): dims and box innermost first, strides for dims 1 on.
-  static TensorMapRequest of(size_t params_offset, const void* base, std::initializer_list<uint64_t> dims, std::initializer_list<uint64_t> strides,
-                             std::initializer_list<uint32_t> box) {
+  static TensorMapRequest of(size_t params_offset, const void* base, std::initializer_list<uint64_t> dims,
+                             std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
     TensorMapRequest m;
     m.params_offset = params_offset;
     m.base = base;
@@ -180,8 +180,8 @@ struct KernelRegistrar {
   explicit KernelRegistrar(KernelSpec (*make)());
 };
 }  // namespace detail
-#define KILN_REGISTER_KERNEL(id)                                                       \
-  static ::kiln::KernelSpec kiln_make_kernel_##id();                                  \
+#define KILN_REGISTER_KERNEL(id)                                                            \
+  static ::kiln::KernelSpec kiln_make_kernel_##id();                                        \
   static const ::kiln::detail::KernelRegistrar kiln_registrar_##id{&kiln_make_kernel_##id}; \
   static ::kiln::KernelSpec kiln_make_kernel_##id()
 

@@ -48,16 +48,13 @@ struct TensorView {
 
   bool defined() const { return ndim > 0; }
   int64_t size(int dim) const { return shape[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
-  int64_t stride(int dim) const {
-    return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)];
-  }
+  int64_t stride(int dim) const { return strides[static_cast<size_t>(dim < 0 ? dim + ndim : dim)]; }
   int64_t numel() const;
   bool is_contiguous() const;
   std::string describe() const;  // "bf16[128, 8, 64] on cuda:0"
 
   // A contiguous (row-major) view.
-  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                               int32_t device = 0);
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape, int32_t device = 0);
 };
 
 // The caller's stream: a CUstream on NVIDIA, a hipStream_t on AMD. nullptr is the default stream.

@@ -49,11 +49,11 @@ std::vector<std::string> builtin_manifests();  // model names
 struct WarmupItem {
   std::string signature;  // canonical
   std::string target;
-  std::string kernel;     // selected kernel, when selection succeeded
+  std::string kernel;  // selected kernel, when selection succeeded
   // kShared: the same binary as another item of this run (the kernel does not specialize on the
   // properties in which the two signatures differ).
   enum class Status { kCompiled, kCached, kShared, kFailed, kCancelled } status = Status::kFailed;
-  std::string reason;     // for kFailed
+  std::string reason;  // for kFailed
   uint64_t bytes = 0;
   double milliseconds = 0;
 };
@@ -65,10 +65,10 @@ struct WarmupProgress {
 };
 
 struct WarmupOptions {
-  std::vector<std::string> targets;  // e.g. {"sm_90a"}; each from known_targets()
-  int jobs = 0;                      // parallel compiles; 0: one per core
+  std::vector<std::string> targets;                        // e.g. {"sm_90a"}; each from known_targets()
+  int jobs = 0;                                            // parallel compiles; 0: one per core
   std::function<void(const WarmupProgress&)> on_progress;  // called after each item, serialized
-  const std::atomic<bool>* cancel = nullptr;  // set it to stop starting new compiles
+  const std::atomic<bool>* cancel = nullptr;               // set it to stop starting new compiles
 };
 
 struct WarmupReport {

@@ -40,9 +40,13 @@ struct DecodeSegment {
 // The first token of a sequence of `len` whose tiles are computed: the window's first key, rounded
 // down to a tile (the masks drop what lies before the window).
 template <int kQLen>
-__device__ __forceinline__ int decode_first_token(int len, int window) { return max(0, len - kQLen - window) & ~(kDecodeTile - 1); }
+__device__ __forceinline__ int decode_first_token(int len, int window) {
+  return max(0, len - kQLen - window) & ~(kDecodeTile - 1);
+}
 template <int kQLen>
-__device__ __forceinline__ int decode_tiles(int len, int window) { return (len - decode_first_token<kQLen>(len, window) + kDecodeTile - 1) / kDecodeTile; }
+__device__ __forceinline__ int decode_tiles(int len, int window) {
+  return (len - decode_first_token<kQLen>(len, window) + kDecodeTile - 1) / kDecodeTile;
+}
 
 __device__ __forceinline__ int warp_sum_int(int v) {
 #pragma unroll
@@ -87,8 +91,10 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
       for (int i = 0; i < kRowsMax; ++i) {
         if (i < used) needed += ranges_of(tiles[i], mid);
       }
-      if (warp_sum_int(needed) <= ranges) hi = mid;
-      else lo = mid + 1;
+      if (warp_sum_int(needed) <= ranges)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     // Sequence b's ranges start after those of the sequences before it: a scan per row.
     const int g = blockIdx.x / p.num_heads_kv, h = blockIdx.x % p.num_heads_kv;
@@ -133,8 +139,8 @@ __device__ __forceinline__ void decode_find_piece(const KilnDecodeParams& p, Dec
 // 2 * parts * kRows floats (the launch sizes it so).
 template <typename T, int kHeadDim, int kQLen, int kGroup, int kMaxWarps>
 __device__ void merge_and_store(const KilnDecodeParams& p, float (&warp_acc)[kMaxWarps][kQLen * kGroup][kHeadDim],
-                                float (&warp_m)[kMaxWarps][kQLen * kGroup], float (&warp_l)[kMaxWarps][kQLen * kGroup],
-                                int warps, const DecodeSegment& seg) {
+                                float (&warp_m)[kMaxWarps][kQLen * kGroup], float (&warp_l)[kMaxWarps][kQLen * kGroup], int warps,
+                                const DecodeSegment& seg) {
   constexpr int kRows = kQLen * kGroup;
   constexpr int kStateFloats = static_cast<int>(kiln_decode_state_floats(kRows, kHeadDim));
   __shared__ float cta_m[kRows], cta_l[kRows];

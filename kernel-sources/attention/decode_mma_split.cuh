@@ -22,8 +22,8 @@
 #include "attention/params.h"
 #include "common/cp_async.cuh"
 #include "common/mma_sm80.cuh"
-#include "common/vector_memory.cuh"
 #include "common/prelude.cuh"
+#include "common/vector_memory.cuh"
 
 namespace kiln {
 
@@ -34,12 +34,24 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short pair) {
   return r;
 }
 
-template <typename A, typename B> struct SameType { enum { value = 0 }; };
-template <typename A> struct SameType<A, A> { enum { value = 1 }; };
+template <typename A, typename B>
+struct SameType {
+  enum { value = 0 };
+};
+template <typename A>
+struct SameType<A, A> {
+  enum { value = 1 };
+};
 
 // The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache.
-template <typename T, typename Cache> struct MmaType { typedef T type; };
-template <typename T> struct MmaType<T, e4m3> { typedef f16 type; };
+template <typename T, typename Cache>
+struct MmaType {
+  typedef T type;
+};
+template <typename T>
+struct MmaType<T, e4m3> {
+  typedef f16 type;
+};
 
 // Warps per CTA, at most: the launch (attention_decode_split.cpp) picks 4 or 8 and the kernel
 // reads blockDim. Stages of each warp's copy ring: two. On an H200 a third or fourth stage was
@@ -75,7 +87,7 @@ template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup>
 __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
-  constexpr int kRows = kQLen * kGroup;  // <= 16
+  constexpr int kRows = kQLen * kGroup;   // <= 16
   constexpr int kTile = kDecodeTile;      // tokens per warp iteration
   constexpr int kBlocks = kHeadDim / 32;  // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;   // n-tiles of O
@@ -103,7 +115,8 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
       words[m] = Bf16x8{{0u, 0u, 0u, 0u}};
       if (r < kRows) {
         const int j = r / kGroup, h = r % kGroup;
-        words[m] = load16(static_cast<const T*>(p.q) + (b * kQLen + j) * p.q_row_stride + (kv_head * kGroup + h) * p.q_head_stride + 32 * m + 8 * c);
+        words[m] = load16(static_cast<const T*>(p.q) + (b * kQLen + j) * p.q_row_stride + (kv_head * kGroup + h) * p.q_head_stride +
+                          32 * m + 8 * c);
       }
     }
 #pragma unroll
@@ -132,7 +145,7 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (log2 domain)
-  const float score_scale = p.softmax_scale * p.k_scale;  // k_scale is 1 for a 16-bit cache
+  const float score_scale = p.softmax_scale * p.k_scale;             // k_scale is 1 for a 16-bit cache
 
   const int* pages = p.page_table + b * p.page_table_stride;
   const int page_shift = __ffs(p.page_size) - 1;
@@ -146,8 +159,10 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   auto issue = [&](int tile, int stage, long long page) {
     if (tile < t1) {
       const int slot = tile & (p.page_size - 1);
-      const Cache* k_rows = static_cast<const Cache*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
-      const Cache* v_rows = static_cast<const Cache*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
+      const Cache* k_rows =
+          static_cast<const Cache*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
+      const Cache* v_rows =
+          static_cast<const Cache*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
       unsigned char* k_tile = ring + stage * Layout::kStageBytes;
       unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
       constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Cache));  // elements per 16-byte copy
@@ -155,8 +170,10 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
       for (int i = 0; i < kTile * Layout::kChunksPerRow / 32; ++i) {
         const int idx = i * 32 + lane, tok = idx / Layout::kChunksPerRow, chunk = idx % Layout::kChunksPerRow;
         const bool valid = tile + tok < t1;  // rows past the end are still inside the page
-        copy16_async_or_zero_l2_256(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk, valid);
-        copy16_async_or_zero_l2_256(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk, valid);
+        copy16_async_or_zero_l2_256(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk,
+                                    valid);
+        copy16_async_or_zero_l2_256(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk,
+                                    valid);
       }
     }
     commit_copies();
@@ -193,10 +210,10 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   int read_stage = 0, write_stage = stages - 1;
   for (int base = first_tile, it = 0; base < t1; base += stride, ++it) {
     const long long page_after_next = page_of(it + stages, base + stages * stride);  // in flight during this tile
-    issue(base + (stages - 1) * stride, write_stage, next_page);  // into the stage read last iteration
+    issue(base + (stages - 1) * stride, write_stage, next_page);                     // into the stage read last iteration
     next_page = page_after_next;
     wait_copies<stages - 1>();  // this tile's group is complete
-    __syncwarp();  // every lane's copies of this stage are in place
+    __syncwarp();               // every lane's copies of this stage are in place
     const int stage = read_stage;
     read_stage = read_stage == stages - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == stages - 1 ? 0 : write_stage + 1;
@@ -259,8 +276,7 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
     }
     online_softmax_step(s, m_row, l_row, o);
     // O += P V: P's A fragments are S's accumulators; V's B fragments come from ldmatrix.trans.
-    const unsigned pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
-                            pack2<M>(s[1][2], s[1][3])};
+    const unsigned pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]), pack2<M>(s[1][2], s[1][3])};
     const unsigned char* v_rows = Layout::kFp8 ? v_staging : v_tile;
     constexpr int kVRead = Layout::kFp8 ? Layout::kStagingRowBytes : Layout::kVRowBytes;
 #pragma unroll

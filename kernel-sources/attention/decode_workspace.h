@@ -19,6 +19,6 @@ KILN_HOST_DEVICE constexpr long long kiln_decode_ticket_bytes(long long pairs) {
 KILN_HOST_DEVICE constexpr long long kiln_decode_states_offset(long long pairs) { return (kiln_decode_ticket_bytes(pairs) + 255) & ~255LL; }
 KILN_HOST_DEVICE constexpr long long kiln_decode_state_floats(long long rows, long long head_dim) { return rows * (head_dim + 2); }
 KILN_HOST_DEVICE constexpr long long kiln_decode_workspace_bytes(long long batch, long long heads_kv, long long ranges, long long rows,
-                                                                  long long head_dim) {
+                                                                 long long head_dim) {
   return kiln_decode_states_offset(batch * heads_kv) + 4 * ranges * heads_kv * kiln_decode_state_floats(rows, head_dim);
 }

@@ -9,9 +9,7 @@
 namespace kiln {
 
 // exp(old - new) that is 0, not NaN, when nothing was seen yet.
-__device__ __forceinline__ float rescale(float old_max, float new_max) {
-  return old_max == neg_inf() ? 0.0f : __expf(old_max - new_max);
-}
+__device__ __forceinline__ float rescale(float old_max, float new_max) { return old_max == neg_inf() ? 0.0f : __expf(old_max - new_max); }
 
 // The softmax state of one (row, dim): running max (natural log), denominator, numerator.
 struct MergedState {

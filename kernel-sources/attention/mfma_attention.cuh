@@ -14,8 +14,10 @@ namespace kiln {
 // stored, an e4m3 one widened, exactly (every e4m3 value is a bf16 and an f16).
 template <typename T, typename KvT>
 __device__ __forceinline__ u16 cache_bits(const void* cache, long long at) {
-  if constexpr (__is_same(KvT, e4m3)) return from_float<T>(to_float(e4m3{static_cast<const u8*>(cache)[at]})).bits;
-  else return static_cast<const u16*>(cache)[at];
+  if constexpr (__is_same(KvT, e4m3))
+    return from_float<T>(to_float(e4m3{static_cast<const u8*>(cache)[at]})).bits;
+  else
+    return static_cast<const u16*>(cache)[at];
 }
 
 // S^T for one key block: A = this lane's K row (key col of the block, at element `k_row` of a

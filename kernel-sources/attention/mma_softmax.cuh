@@ -30,8 +30,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // Prefill rows: row i sees keys [i + shift - window, i + shift] (bottom-right aligned) within
 // [0, len_k); the thread's rows are row_lo and row_lo + 8, its first key of the tile `first_key`.
 template <bool kSoftcap, int kKeyTiles>
-__device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo,
-                                                      int shift, int len_k, int first_key) {
+__device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo, int shift,
+                                                    int len_k, int first_key) {
   const float log2e = 1.4426950408889634f;
   auto logit = [&](float x) { return kSoftcap ? softcap_score(x * p.softmax_scale, p.softcap) * log2e : x; };
   if (!edge) {
@@ -133,8 +133,8 @@ __device__ __forceinline__ void pack_p_fragments(const float (&s)[kKeyTiles][4],
 // sums and the sink (it joins the denominator and adds no value). Sets the row's final max `m_nat`
 // (natural log) and sum `l`, and `scale_o`, the sink's share taken off O: O is multiplied by
 // row_inverse(l, scale_o).
-__device__ __forceinline__ void finish_prefill_row(const KilnPrefillParams& p, const float (&m_row)[2], float (&l_row)[2], int half, int head,
-                                                   float& m_nat, float& l, float& scale_o) {
+__device__ __forceinline__ void finish_prefill_row(const KilnPrefillParams& p, const float (&m_row)[2], float (&l_row)[2], int half,
+                                                   int head, float& m_nat, float& l, float& scale_o) {
   const float ln2 = 0.6931471805599453f;  // a multiply, not an IEEE division
   l_row[half] = quad_sum(l_row[half]);
   m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * ln2;

@@ -21,9 +21,7 @@ struct WarpSoftmaxRow {
   }
 
   // exp(old max - new max), and 0 before the first finite score (avoids -inf - -inf = NaN).
-  __device__ float rescale_factor(float new_max) const {
-    return max_score == neg_inf() ? 0.0f : expf(max_score - new_max);
-  }
+  __device__ float rescale_factor(float new_max) const { return max_score == neg_inf() ? 0.0f : expf(max_score - new_max); }
 
   // Adds one key: `score` is the scaled (and capped) logit, `value` this lane's slice of V.
   __device__ void add(float score, const float (&value)[kPerLane]) {

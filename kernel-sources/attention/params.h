@@ -12,14 +12,14 @@
 enum { kPrefillMapQ = 0, kPrefillMapK = 1, kPrefillMapV = 2, kPrefillTensorMaps = 3 };
 
 struct KilnPrefillParams {
-  const void* q;    // [total_q, Hq, D]
-  const void* k;    // [total_k, Hkv, D]
-  const void* v;    // [total_k, Hkv, D]
-  void* out;        // [total_q, Hq, D]
-  float* lse;       // [total_q, Hq] or null
-  const float* sinks;  // [Hq] or null
-  const int* cu_seqlens_q;  // [batch + 1]
-  const int* cu_seqlens_k;  // [batch + 1]
+  const void* q;                          // [total_q, Hq, D]
+  const void* k;                          // [total_k, Hkv, D]
+  const void* v;                          // [total_k, Hkv, D]
+  void* out;                              // [total_q, Hq, D]
+  float* lse;                             // [total_q, Hq] or null
+  const float* sinks;                     // [Hq] or null
+  const int* cu_seqlens_q;                // [batch + 1]
+  const int* cu_seqlens_k;                // [batch + 1]
   long long q_row_stride, q_head_stride;  // in elements
   long long k_row_stride, k_head_stride;
   long long v_row_stride, v_head_stride;
@@ -34,8 +34,8 @@ struct KilnPrefillParams {
   int causal;       // 0 or 1, bottom-right aligned
   int window_left;  // -1: none
   float softmax_scale;
-  float softcap;    // 0: none
-  int total_q, total_k;  // rows of q and of k and v
+  float softcap;                                  // 0: none
+  int total_q, total_k;                           // rows of q and of k and v
   KilnTensorMap tensor_maps[kPrefillTensorMaps];  // encoded at launch for kernels that copy by TMA, else unset
 };
 
@@ -43,9 +43,9 @@ struct KilnDecodeParams {
   const void* q;        // [batch * q_len, Hq, D]
   const void* k_cache;  // [num_pages, page_size, Hkv, D]
   const void* v_cache;
-  void* out;            // like q
-  float* lse;           // [batch * q_len, Hq] or null
-  const float* sinks;   // [Hq] or null
+  void* out;                 // like q
+  float* lse;                // [batch * q_len, Hq] or null
+  const float* sinks;        // [Hq] or null
   const int* page_table;     // [batch, page_table_stride...]
   const int* cache_seqlens;  // [batch]
   long long q_row_stride, q_head_stride;

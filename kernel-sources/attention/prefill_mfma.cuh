@@ -13,9 +13,9 @@
 // Launch: grid (ceil(max_seqlen_q / 32), Hq, batch), block 64.
 #pragma once
 
+#include "attention/mfma_attention.cuh"
 #include "attention/params.h"
 #include "attention/prefill_block.cuh"
-#include "attention/mfma_attention.cuh"
 #include "common/mfma.cuh"
 #include "common/prelude.cuh"
 

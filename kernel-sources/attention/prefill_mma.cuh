@@ -40,16 +40,16 @@ template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta,
 __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2) prefill_mma(const KilnPrefillParams p) {
   static_assert(kWarps % kHeadsPerCta == 0, "each head gets whole warps");
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
-  constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
-  constexpr int kKSteps = kHeadDim / 16;        // k-steps of Q K^T
-  constexpr int kDTiles = kHeadDim / 8;         // n-tiles of O
-  constexpr int kKeyTiles = kBlockK / 8;        // n-tiles of S
+  constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+  constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
+  constexpr int kDTiles = kHeadDim / 8;   // n-tiles of O
+  constexpr int kKeyTiles = kBlockK / 8;  // n-tiles of S
   constexpr int kRowBytes = kHeadDim * 2, kTileBytes = kBlockK * kRowBytes;
   constexpr int kCopyRows = kThreads / kChunks;  // rows of a K or V tile one pass of the CTA copies
   static_assert(kBlockK % 16 == 0 && kBlockK % kCopyRows == 0 && kCopyRows % 8 == 0, "whole copies, one swizzle phase per thread");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned q_tile = shared_address(shared_bytes);  // row 16 w + r: warp w's row r
-  const unsigned kv_tiles = q_tile + kRows * kRowBytes;   // [kStages][K | V]
+  const unsigned kv_tiles = q_tile + kRows * kRowBytes;  // [kStages][K | V]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ?
   for (int i = lane; i < 16 * kChunks; i += 32) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool valid = warp_q0 + row < blk.len_q;
-    copy16_async_or_zero(q_tile + swizzled(warp * 16 + row, chunk, kChunks), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
+    copy16_async_or_zero(q_tile + swizzled(warp * 16 + row, chunk, kChunks), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8,
+                         valid);
   }
   commit_copies();
 
@@ -124,11 +125,11 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ?
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const int row_lo = warp_q0 + g;  // this thread's rows: row_lo and row_lo + 8
+  const int row_lo = warp_q0 + g;                                    // this thread's rows: row_lo and row_lo + 8
 
   for (int block = 0; block < num_blocks; ++block) {
     wait_copies<kStages - 2>();
-    __syncthreads();  // this block landed for every thread; every warp is done with the previous one
+    __syncthreads();             // this block landed for every thread; every warp is done with the previous one
     issue(block + kStages - 1);  // into the previous block's stage
     const int key0 = blk.key_start + block * kBlockK;
     if (key0 >= warp_key_end || key0 + kBlockK <= warp_key_start) continue;  // none of the warp's rows sees it

@@ -26,11 +26,11 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
   enum : int {
     kWarpgroups = kHeadDim == 64 ? 3 : 2,
     kBlockQ = 64 * kWarpgroups,
-    kCopyThreads = 256,               // the first two warpgroups issue the copies
+    kCopyThreads = 256,  // the first two warpgroups issue the copies
     kBlockK = 128,
-    kStages = 3,                      // K and V tiles in flight (see the loop)
-    kChunks = kHeadDim / 8,           // 16-byte chunks per row
-    kQAtomBytes = kBlockQ * 128,      // one 64-column swizzle-atom column of the Q tile
+    kStages = 3,                  // K and V tiles in flight (see the loop)
+    kChunks = kHeadDim / 8,       // 16-byte chunks per row
+    kQAtomBytes = kBlockQ * 128,  // one 64-column swizzle-atom column of the Q tile
     kKAtomBytes = kBlockK * 128,
     kTileBytes = kKAtomBytes * (kHeadDim / 64),
     kKeyTiles = kBlockK / 8,
@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
   for (int i = threadIdx.x; i < kBlockQ * kChunks; i += kWarpgroups * 128) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool valid = blk.q0 + row < blk.len_q;
-    copy16_async_or_zero(q_tile + swizzle128_tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8, valid);
+    copy16_async_or_zero(q_tile + swizzle128_tile_offset(row, chunk, kQAtomBytes), q_rows + (valid ? row : 0) * p.q_row_stride + chunk * 8,
+                         valid);
   }
   commit_copies();
 
@@ -92,8 +93,8 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
 #pragma unroll
   for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
-  const int warp_row0 = blk.q0 + warpgroup * 64 + warp * 16;  // this warp's first row
-  const int row_lo = warp_row0 + g;                         // this thread's rows: row_lo, row_lo + 8
+  const int warp_row0 = blk.q0 + warpgroup * 64 + warp * 16;         // this warp's first row
+  const int row_lo = warp_row0 + g;                                  // this thread's rows: row_lo, row_lo + 8
   const unsigned q_address = shared_address(q_tile) + warpgroup * 64 * 128;
 
   // O += P V over one block's keys, 16 at a time; V is N-major: 8 keys per 1024-byte atom row
@@ -102,7 +103,8 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
   auto issue_pv = [&](int stage) {
     const unsigned v_address = shared_address(kv_tiles + stage * 2 * kTileBytes) + kTileBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
     wgmma_commit();
   };
   // Warpgroup 1 runs half an iteration behind the others: it issues the P V of the previous block

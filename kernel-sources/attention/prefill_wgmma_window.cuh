@@ -35,14 +35,16 @@ template <int kTileRows, int kAtoms>
 __device__ __forceinline__ void zero_rows_from(unsigned char* tile, int atom_bytes, int first, unsigned thread, unsigned threads) {
   for (unsigned i = thread; i < kTileRows * 8 * kAtoms; i += threads) {
     const unsigned chunk = i % 8, row = i / 8 % kTileRows, atom = i / (8 * kTileRows);
-    if (static_cast<int>(row) >= first) *reinterpret_cast<uint4*>(tile + atom * atom_bytes + row * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    if (static_cast<int>(row) >= first)
+      *reinterpret_cast<uint4*>(tile + atom * atom_bytes + row * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
   }
 }
 
 // Registers for 5 CTAs of 4 warps per SM at head_dim 64 (84 used), 2 at head_dim 128; for 8-warp
 // CTAs 2 and 1.
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1)) prefill_wgmma_window(const __grid_constant__ KilnPrefillParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1))
+    prefill_wgmma_window(const __grid_constant__ KilnPrefillParams p) {
   static_assert(kWarps % 4 == 0 && kWarps % kHeadsPerCta == 0, "whole warpgroups; each head gets whole warps");
   static_assert(kBlockK % 16 == 0 && kBlockK * 128 % 1024 == 0 && kStages >= 2, "whole swizzle atoms");
   constexpr unsigned kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   constexpr int kKeyTiles = kBlockK / 8, kDTiles = kHeadDim / 8;
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = align_shared<1024>(shared_raw);
-  unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);  // [kStages][K | V]
+  unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);              // [kStages][K | V]
   const unsigned full_barriers = shared_address(kv_tiles + kStages * 2 * kTileBytes);  // [kStages], 8 bytes each
 
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma.cuh).
@@ -143,7 +145,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     }
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
@@ -164,7 +167,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     }
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
-      *reinterpret_cast<unsigned*>(out_tile + swizzle128_tile_offset(r, n, kQAtomBytes) + 4 * c) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+      *reinterpret_cast<unsigned*>(out_tile + swizzle128_tile_offset(r, n, kQAtomBytes) + 4 * c) =
+          pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
     }
   }
   __syncwarp();

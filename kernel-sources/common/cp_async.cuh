@@ -13,7 +13,8 @@ __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* g
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy) : "memory");
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy)
+               : "memory");
 }
 // 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false. The overloads
 // taking an unsigned take a shared-window address (shared_address), which a loop can keep instead
@@ -35,16 +36,20 @@ __device__ __forceinline__ void copy16_async_or_zero_l2_256(void* smem, const vo
 }
 // copy16_async_or_zero and copy16_async_or_zero_l2_256 under an L2 cache policy (createpolicy).
 __device__ __forceinline__ void copy16_async_or_zero(unsigned smem, const void* global, bool valid, unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy) : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
 }
 __device__ __forceinline__ void copy16_async_or_zero_l2_256(unsigned smem, const void* global, bool valid, unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0), "l"(policy)
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0),
+               "l"(policy)
                : "memory");
 }
 
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `kPending` of this thread's most recent commit groups are still in flight.
 template <int kPending>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
 
 }  // namespace kiln

@@ -81,9 +81,15 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 // Storage types: distinct structs so templates can tell bf16 from f16.
-struct bf16 { u16 bits; };
-struct f16 { u16 bits; };
-struct e4m3 { u8 bits; };
+struct bf16 {
+  u16 bits;
+};
+struct f16 {
+  u16 bits;
+};
+struct e4m3 {
+  u8 bits;
+};
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -130,9 +136,14 @@ __device__ __forceinline__ float e8m0_to_float(u8 bits) {
   return __uint_as_float(static_cast<u32>(bits) << 23);
 }
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
   bf16 out;
 #if defined(KILN_AMD) && __clang_major__ >= 19
   out.bits = __builtin_bit_cast(u16, static_cast<__bf16>(v));  // one instruction on gfx950
@@ -145,7 +156,8 @@ template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
 #endif
   return out;
 }
-template <> __device__ __forceinline__ f16 from_float<f16>(float v) {
+template <>
+__device__ __forceinline__ f16 from_float<f16>(float v) {
   f16 out;
 #if defined(KILN_AMD)
   out.bits = __builtin_bit_cast(u16, static_cast<_Float16>(v));
@@ -174,8 +186,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float softcap_score(float s, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
-}
+__device__ __forceinline__ float softcap_score(float s, float softcap) { return softcap > 0.0f ? softcap * tanhf(s / softcap) : s; }
 
 }  // namespace kiln

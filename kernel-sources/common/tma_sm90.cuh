@@ -37,14 +37,16 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity)
 // The box at coordinates (innermost first) of `map` into shared memory at `destination`, its bytes
 // completing on `barrier`. Elements past the tensor's extent arrive as zeros and count as bytes.
 __device__ __forceinline__ void tma_load_2d(unsigned destination, const void* map, unsigned barrier, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(destination),
-               "l"(map), "r"(barrier), "r"(c0), "r"(c1)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(destination),
+      "l"(map), "r"(barrier), "r"(c0), "r"(c1)
+      : "memory");
 }
 __device__ __forceinline__ void tma_load_3d(unsigned destination, const void* map, unsigned barrier, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(destination),
-               "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(destination),
+      "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const void* map) { asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory"); }
 

@@ -35,10 +35,11 @@ __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
 // `policy`: an L2 cache policy (createpolicy).
 __device__ __forceinline__ Bf16x8 load16_l2_256(const void* p, bool valid, unsigned long long policy) {
   Bf16x8 v;
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-               "@q ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n\t}"
-               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p), "r"(static_cast<int>(valid)), "l"(policy));
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@q ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n\t}"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p), "r"(static_cast<int>(valid)), "l"(policy));
   return v;
 }
 
@@ -49,9 +50,12 @@ __device__ __forceinline__ Bf16x8 load16_shared(unsigned p) {
 }
 __device__ __forceinline__ Bf16x8 load16_shared(const void* p) { return load16_shared(shared_address(p)); }
 
-__device__ __forceinline__ void store4_shared(unsigned p, unsigned v) { asm volatile("st.shared.b32 [%0], %1;" ::"r"(p), "r"(v) : "memory"); }
+__device__ __forceinline__ void store4_shared(unsigned p, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3])
+               : "memory");
 }
 
 }  // namespace kiln

@@ -117,8 +117,10 @@ __device__ __forceinline__ void load_mxfp4_span(const MoeRow& row, int k, int K,
 
 template <int kFormat>
 __device__ __forceinline__ void load_weight_span(const MoeRow& row, int k, int K, MoeSpan& s) {
-  if (kFormat == kWeightsMxfp4) load_mxfp4_span(row, k, K, s);
-  else load_bf16_span(row.values, k, K, s);
+  if (kFormat == kWeightsMxfp4)
+    load_mxfp4_span(row, k, K, s);
+  else
+    load_bf16_span(row.values, k, K, s);
 }
 
 // This wavefront's share of an item's product over K: its chunks of the lane's weight row `a`
@@ -250,8 +252,10 @@ __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
     route_token<kRouting, kLogitsBf16>(p, t, ids + t * k, weights + t * k);
     for (int j = 0; j < k; ++j) {
       const int e = ids[t * k + j];
-      if (e < 0 || e >= E) ids[t * k + j] = -1;
-      else __atomic_fetch_add(&counts[e], 1, __ATOMIC_RELAXED);
+      if (e < 0 || e >= E)
+        ids[t * k + j] = -1;
+      else
+        __atomic_fetch_add(&counts[e], 1, __ATOMIC_RELAXED);
     }
   }
   grid_barrier(arrivals, barrier_target);
@@ -317,7 +321,8 @@ __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
     for (int half = 0; half < 2; ++half) {
       const int r = wave + 8 * half, out_row = 32 * it.block + 8 * (r / 4) + 4 * h + r % 4;
       if (q >= 0 && out_row < H) {
-        y[static_cast<long long>(q) * H + out_row] = reduced(r) + moe_bias<kBias2>(p.w2_bias, it.expert * p.w2_bias_expert_stride + out_row);
+        y[static_cast<long long>(q) * H + out_row] =
+            reduced(r) + moe_bias<kBias2>(p.w2_bias, it.expert * p.w2_bias_expert_stride + out_row);
       }
     }
     __syncthreads();

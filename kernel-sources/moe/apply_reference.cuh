@@ -11,9 +11,9 @@ namespace kiln {
 template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
 __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p) {
   extern __shared__ float shared[];
-  float* x = shared;                         // [H]
-  float* act = x + p.hidden;                 // [I]
-  float* out_acc = act + p.intermediate;     // [H]
+  float* x = shared;                                      // [H]
+  float* act = x + p.hidden;                              // [I]
+  float* out_acc = act + p.intermediate;                  // [H]
   int* ids = reinterpret_cast<int*>(out_acc + p.hidden);  // [kMoeMaxTopK]
   float* weights = reinterpret_cast<float*>(ids + kMoeMaxTopK);
   const int token = blockIdx.x;
@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p
         const long long scale_base = e * p.w13_scale_expert_stride;
         gate += x[k] * moe_weight<kFormat>(p.w13, p.w13_scale, base + gate_row * p.w13_row_stride,
                                            scale_base + gate_row * p.w13_scale_row_stride, k);
-        up += x[k] * moe_weight<kFormat>(p.w13, p.w13_scale, base + up_row * p.w13_row_stride,
-                                         scale_base + up_row * p.w13_scale_row_stride, k);
+        up += x[k] *
+              moe_weight<kFormat>(p.w13, p.w13_scale, base + up_row * p.w13_row_stride, scale_base + up_row * p.w13_scale_row_stride, k);
       }
       gate += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + gate_row);
       up += moe_bias<kBias13>(p.w13_bias, e * p.w13_bias_expert_stride + up_row);

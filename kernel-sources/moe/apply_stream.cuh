@@ -55,7 +55,6 @@ __device__ __forceinline__ Bf16x8 mxfp4_k_order(const Bf16x8& v) {
   return r;
 }
 
-
 // ---- up and down on mma.sync: every format and GPU, except bf16 from 16 routed pairs on sm_90a ----
 // A tile is 16 weight rows of one expert against a chunk of up to 8 of its routed pairs: the
 // m16n8k16 MMA's M and N. up: rows g and g + 8 of the tile are the gate and up rows of intermediate
@@ -143,11 +142,12 @@ __device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem,
 }
 // Copies one step's MXFP4 weights of `tile` (piece `piece` of rows g and g + 8, and their scales)
 // into a ring stage (its shared-window address), under the L2 `policy`.
-__device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces,
-                                                  bool l2_prefetch, unsigned long long policy) {
+__device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece,
+                                                  int pieces, bool l2_prefetch, unsigned long long policy) {
   const bool valid = piece < pieces;
   copy16_async_or_zero_maybe_l2_256(stage + 16 * lane, tile.row_lo + 16 * piece, valid && tile.lo_valid, l2_prefetch, policy);
-  copy16_async_or_zero_maybe_l2_256(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid, l2_prefetch, policy);
+  copy16_async_or_zero_maybe_l2_256(stage + kWarp * 16 + 16 * lane, tile.row_lo + hi.bytes + 16 * piece, valid && tile.hi_valid,
+                                    l2_prefetch, policy);
   const u8* scale = tile.scale_lo + piece;
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane, aligned_word(scale), valid && tile.lo_valid, policy);
   copy4_async_or_zero(stage + kMoeRingRowBytes + 8 * lane + 4, aligned_word(scale + hi.scales), valid && tile.hi_valid, policy);
@@ -155,7 +155,8 @@ __device__ __forceinline__ void copy_step_weights(unsigned stage, int lane, cons
 // bf16 weights of one step straight into registers. A step reads 64 bytes of each row and the next
 // three steps the rest, so L2 fetches each row's 256 bytes at once (on an H200 at T = 1 the
 // streaming phases took 0.081 ms against 0.089 without the hint).
-__device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces, unsigned long long policy) {
+__device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& tile, MoeRowDistance hi, int piece, int pieces,
+                                                            unsigned long long policy) {
   MoeStepWeights w;
   const bool valid = piece < pieces;
   w.lo = load16_l2_256(tile.row_lo + 16 * piece, valid && tile.lo_valid, policy);
@@ -164,7 +165,8 @@ __device__ __forceinline__ MoeStepWeights load_step_weights(const MoeMmaTile& ti
   return w;
 }
 // The MXFP4 weights of one step back from this lane's ring slot.
-__device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi, int piece) {
+__device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int lane, const MoeMmaTile& tile, MoeRowDistance hi,
+                                                            int piece) {
   MoeStepWeights w;
   w.lo = load16_shared(stage + 16 * lane);
   w.hi = load16_shared(stage + kWarp * 16 + 16 * lane);
@@ -192,9 +194,15 @@ __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(con
     if (kUp && kFormat == kWeightsBf16) {
       v = load16(b + 8 * q);
     } else if (kUp) {  // generic: this CTA's shared copy of x, or the workspace's
-      asm volatile("ld.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(b + 8 * q) : "memory");
+      asm volatile("ld.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                   : "l"(b + 8 * q)
+                   : "memory");
     } else {
-      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(b + 8 * q) : "memory");
+      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                   : "l"(b + 8 * q)
+                   : "memory");
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.b[4 * q + i] = v.w[i];
@@ -286,9 +294,9 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
 template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, int kWarps = kiln_moe_stream_warps(kFormat)>
-__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, const int* pairs, bool local_pairs, const bf16* x,
-                              long long x_row_stride, bf16* act, float* y, float (*partials)[kWarps][kWarp][4], unsigned ring,
-                              bool barrier_after_first_copies) {
+__device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start,
+                              const int* pairs, bool local_pairs, const bf16* x, long long x_row_stride, bf16* act, float* y,
+                              float (*partials)[kWarps][kWarp][4], unsigned ring, bool barrier_after_first_copies) {
   using Acts = MoeStepActivations<kFormat>;
   constexpr bool kRing = kFormat != kWeightsBf16;
   constexpr int kStages = kMoeRingStages, kStageBytes = kMoeRingStageBytes;
@@ -297,7 +305,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   const int pieces = rows_k / Acts::kPieceValues;
   const int steps = (pieces + 3) / 4;  // per tile: a step covers 4 pieces of each row, one per lane t
   const int row_blocks = kUp ? p.intermediate / 8 : (p.hidden + kMoeTileRows - 1) / kMoeTileRows;
-  const int tiles = chunk_start[experts] * row_blocks;  // at most (T k / 8 + E) x 360 for GPT-OSS
+  const int tiles = chunk_start[experts] * row_blocks;               // at most (T k / 8 + E) x 360 for GPT-OSS
   if (chunk_start[experts] > kMoeChunkTable) chunk_table = nullptr;  // not listed: searched
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   // This CTA's tiles (its i-th is global_tile(i)), then warp w's units [unit_start(w),
@@ -354,7 +362,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
     return v;
   };
   // The tile's results from its full sums: the activation into act (up), or y with its bias (down).
-  auto epilogue = [&](const MoeMmaTile& tile, const float (&acc)[4]) {
+  auto epilogue = [&](const MoeMmaTile& tile, const float(&acc)[4]) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int pair = tile.out_pair[e];
@@ -363,14 +371,16 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
         const int unit = 8 * tile.row_block + g;
         const GateUpRows rows = gate_up_rows<kLayout>(unit, p.intermediate);
         const long long bias = tile.expert * p.w13_bias_expert_stride;
-        act[static_cast<long long>(pair) * p.intermediate + (kFormat != kWeightsBf16 ? mxfp4_k_slot(unit) : unit)] = from_float<bf16>(
-            glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate), acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
+        act[static_cast<long long>(pair) * p.intermediate + (kFormat != kWeightsBf16 ? mxfp4_k_slot(unit) : unit)] =
+            from_float<bf16>(glu_activation<kActivation>(acc[e] + moe_bias<kBias13>(p.w13_bias, bias + rows.gate),
+                                                         acc[2 + e] + moe_bias<kBias13>(p.w13_bias, bias + rows.up)));
       } else {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int h = kMoeTileRows * tile.row_block + 8 * half + g;
           if (h < p.hidden) {
-            y[static_cast<long long>(pair) * p.hidden + h] = acc[2 * half + e] + moe_bias<kBias2>(p.w2_bias, tile.expert * p.w2_bias_expert_stride + h);
+            y[static_cast<long long>(pair) * p.hidden + h] =
+                acc[2 * half + e] + moe_bias<kBias2>(p.w2_bias, tile.expert * p.w2_bias_expert_stride + h);
           }
         }
       }
@@ -429,7 +439,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   MoeStepWeights loaded;  // bf16: this step's weights, loaded one step ahead
   if (!kRing) loaded = load_step_weights(current, hi, 4 * step + t, pieces, weight_policy);
   // One step: loads the following step's activations (and bf16 weights) from `ahead_tile` first.
-  auto compute_step = [&](float (&acc)[4], int step, const MoeMmaTile& ahead_tile, int ahead_piece) {
+  auto compute_step = [&](float(&acc)[4], int step, const MoeMmaTile& ahead_tile, int ahead_piece) {
     const Acts acts_ahead = load_step_activations<kFormat, kUp>(ahead_tile, ahead_piece, pieces);
     MoeStepWeights w;
     if (kRing) {
@@ -564,13 +574,17 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     const int per_row = p.hidden / 8;
     // Local: the last warps copy first, so that the routing warps (the first) have the least to
     // copy after routing (on an H200, GPT-OSS MXFP4 at T = 1 0.0447 ms against 0.0451).
-    for (long long i = local ? blockDim.x - 1 - threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row; i += local ? blockDim.x : threads) {
+    for (long long i = local ? blockDim.x - 1 - threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row;
+         i += local ? blockDim.x : threads) {
       const long long t = i / per_row, c = i % per_row;
-      *reinterpret_cast<Bf16x8*>(x_ordered + t * p.hidden + 8 * c) = mxfp4_k_order(load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c));
+      *reinterpret_cast<Bf16x8*>(x_ordered + t * p.hidden + 8 * c) =
+          mxfp4_k_order(load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c));
     }
   }
-  if (local) __syncthreads();
-  else grid_barrier();
+  if (local)
+    __syncthreads();
+  else
+    grid_barrier();
 
   // group: every CTA derives the same offsets from the counts (warp 0: 8 experts per lane, then a
   // scan over the lanes), or from the routed experts alone when there are few pairs.
@@ -657,7 +671,8 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   __shared__ __align__(128) float partials[2][kWarps][kWarp][4];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes), "the GEMM epilogues' staging fits in partials");
+    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes),
+                  "the GEMM epilogues' staging fits in partials");
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
@@ -673,9 +688,11 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     bf16* y16 = reinterpret_cast<bf16*>(y);
     int slice = 0;
     grid_barrier();
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, shared_address(partials), &gemm_counters[0]);
+    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
+                                                                shared_address(partials), &gemm_counters[0]);
     grid_barrier();
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16, shared_address(partials), &gemm_counters[1]);
+    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
+                                                                 shared_address(partials), &gemm_counters[1]);
   }
 #endif
   if (!tensor_cores) {
@@ -687,10 +704,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier();
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                        act16, y, partials, ring, false);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride,
-                                                                         act16, y, partials, ring, true);
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(
+        p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride, act16, y, partials, ring, false);
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(
+        p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride, act16, y, partials, ring, true);
   }
   grid_barrier();
 
@@ -720,9 +737,12 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       for (int u = 0; u < 4; ++u) {
         if (id[u] < 0) continue;
         const long long row = static_cast<long long>(t * k + j0 + u) * p.hidden + h;
-        if (tensor_cores) load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + row, v[u]);
-        else if (width == 4) load_l2_4(y + row, v[u]);
-        else v[u][0] = load_l2(y + row);
+        if (tensor_cores)
+          load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + row, v[u]);
+        else if (width == 4)
+          load_l2_4(y + row, v[u]);
+        else
+          v[u][0] = load_l2(y + row);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {

@@ -24,8 +24,8 @@
 #include "common/cp_async.cuh"
 #include "common/fast_math.cuh"
 #include "common/mma_sm80.cuh"
-#include "common/vector_memory.cuh"
 #include "common/tma_sm90.cuh"
+#include "common/vector_memory.cuh"
 #include "common/wgmma_sm90.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/stream_workspace.h"
@@ -34,12 +34,12 @@ namespace kiln {
 
 enum {
   kMoeTileM = KILN_MOE_GEMM_ROWS,  // routed pairs per tile
-  kMoeTileN = 256,  // output columns per tile
-  kMoeTileK = 64,   // one 128-byte swizzle atom of 16-bit values
+  kMoeTileN = 256,                 // output columns per tile
+  kMoeTileK = 64,                  // one 128-byte swizzle atom of 16-bit values
   kMoeStages = 4,
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
-  kMoeMathThreads = 256,      // warpgroups 0 and 1: the MMAs and epilogues
-  kMoeProducerThread = 256,   // the first thread of warpgroup 2: every copy
+  kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
+  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
   kMoeStagingBytes = 1024,
@@ -212,7 +212,8 @@ struct MoeGemmProducer {
 #pragma unroll
       for (int box = 0; box < 8; ++box) {
         const int within = box % boxes, unit = t.n0 / 2 + (box / boxes) * (group / 2) + (within % half_boxes) * 32;
-        tma_load_3d(b + box * 32 * 128, &p.tensor_maps[kMoeMapW13By32], full, k0, within >= half_boxes ? p.intermediate + unit : unit, t.expert);
+        tma_load_3d(b + box * 32 * 128, &p.tensor_maps[kMoeMapW13By32], full, k0, within >= half_boxes ? p.intermediate + unit : unit,
+                    t.expert);
       }
     } else {
       tma_load_3d(b, &p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2], full, k0, t.n0, t.expert);
@@ -248,8 +249,9 @@ __device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const Mo
 // compute-sanitizer's racecheck reported the other threads' reads of tile_of_stage against the
 // producer's rewrite).
 template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, const MoeGemmTile& t,
-                                              int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging, float (&acc256)[32][4]) {
+__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
+                                              const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging,
+                                              float (&acc256)[32][4]) {
   const int math_warp = (threadIdx.x >> 5) & 7, warp = math_warp & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
@@ -297,8 +299,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kMoeTileK / 16; ++kk) {
-        wgmma_ss<bf16, kN>(acc, wgmma_descriptor(a_address + kk * 32, 16, 1024), wgmma_descriptor(b_address + n_off * 128 + kk * 32, 16, 1024),
-                           ks > 0 || kk > 0);
+        wgmma_ss<bf16, kN>(acc, wgmma_descriptor(a_address + kk * 32, 16, 1024),
+                           wgmma_descriptor(b_address + n_off * 128 + kk * 32, 16, 1024), ks > 0 || kk > 0);
       }
       wgmma_commit();
     }
@@ -352,7 +354,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
     // y rows by pair, 32 columns a block: stmatrix stages 16 x 16 of them at a time.
     const long long bias = t.expert * p.w2_bias_expert_stride + t.n0 + n_off + 2 * c;
     const int st_row = (lane & 7) + 8 * ((lane >> 3) & 1), st_block = lane >> 4;  // this lane's stmatrix row address
-    bf16* const y_rows[2] = {y + static_cast<long long>(pair_of_row[0]) * hidden + t.n0 + n_off, y + static_cast<long long>(pair_of_row[1]) * hidden + t.n0 + n_off};
+    bf16* const y_rows[2] = {y + static_cast<long long>(pair_of_row[0]) * hidden + t.n0 + n_off,
+                             y + static_cast<long long>(pair_of_row[1]) * hidden + t.n0 + n_off};
 #pragma unroll
     for (int j0 = 0; j0 < kN / 8; j0 += 4) {
       if (j0 >= live_j) break;
@@ -376,7 +379,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
     const int unit_base = t.n0 / 2 + n_off / 2;
     const long long bias = t.expert * p.w13_bias_expert_stride + 2 * (unit_base + c);
     const int word = (c >> 1) | ((c & 1) << 1);
-    bf16* const act_rows[2] = {act + (t.first + r0) * static_cast<long long>(inter) + unit_base, act + (t.first + r0 + 8) * static_cast<long long>(inter) + unit_base};
+    bf16* const act_rows[2] = {act + (t.first + r0) * static_cast<long long>(inter) + unit_base,
+                               act + (t.first + r0 + 8) * static_cast<long long>(inter) + unit_base};
 #pragma unroll
     for (int j0 = 0; j0 < kN / 8; j0 += 8) {
       if (j0 >= live_j) break;
@@ -427,7 +431,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 // A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
-                                                int warpgroup, bf16* act, bf16* y, unsigned staging) {
+                                                 int warpgroup, bf16* act, bf16* y, unsigned staging) {
   float acc[32][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
@@ -442,9 +446,12 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64) moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128) moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-    else moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    if (t.count <= 64)
+      moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128)
+      moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    else
+      moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
   }
 }
 
@@ -459,8 +466,8 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
 // warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
 template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start, const int* pair_start,
-                               const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
+__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start,
+                               const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
   if (warpgroup < 2) {

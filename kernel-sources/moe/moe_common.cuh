@@ -20,8 +20,7 @@ enum MoeBiasKind { kBiasNone = 0, kBiasF32 = 1, kBiasBf16 = 2 };
 enum { kMoeMaxTopK = 32 };
 
 template <int kFormat>
-__device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset,
-                                            long long scale_row_offset, int k) {
+__device__ __forceinline__ float moe_weight(const void* base, const u8* scales, long long row_offset, long long scale_row_offset, int k) {
   if (kFormat == kWeightsBf16) return to_float(static_cast<const bf16*>(base)[row_offset + k]);
   const u8* byte = static_cast<const u8*>(base) + row_offset + k / 2;
   u32 nibble;
@@ -53,8 +52,7 @@ __device__ __forceinline__ float moe_bias(const void* bias, long long offset) {
 template <bool kLogitsBf16>
 __device__ __forceinline__ float logit(const KilnMoeParams& p, int token, int e) {
   const long long at = token * p.logits_row_stride + e;
-  return kLogitsBf16 ? to_float(static_cast<const bf16*>(p.router_logits)[at])
-                     : static_cast<const float*>(p.router_logits)[at];
+  return kLogitsBf16 ? to_float(static_cast<const bf16*>(p.router_logits)[at]) : static_cast<const float*>(p.router_logits)[at];
 }
 
 // The gated activation of one intermediate unit from its gate and up projections (bias added).
@@ -93,7 +91,10 @@ __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* 
       for (int i = 0; i < j; ++i) taken |= (ids[i] == e);
       const float l = logit<kLogitsBf16>(p, token, e);
       const bool above = l > best_logit || (best_logit != best_logit && l == l);  // a NaN ranks below every number
-      if (!taken && (best < 0 || above)) { best = e; best_logit = l; }
+      if (!taken && (best < 0 || above)) {
+        best = e;
+        best_logit = l;
+      }
     }
     ids[j] = best;
     weights[j] = expf(best_logit - max_logit);  // max over all is also max over the chosen
@@ -110,8 +111,10 @@ __device__ __forceinline__ int find_expert(const int* start, int experts, int it
   int lo = 0, hi = experts;
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (start[mid] * scale <= item) lo = mid;
-    else hi = mid;
+    if (start[mid] * scale <= item)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }

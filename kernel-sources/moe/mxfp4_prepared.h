@@ -17,7 +17,10 @@
 // for bits 8 (b / 8) .. 8 (b / 8) + 7. Constants, not an array: a namespace-scope array would get
 // a per-process symbol name in the kernels (see kMoeMaxTopK in moe_common.cuh).
 KILN_HOST_DEVICE inline unsigned kiln_mxfp4_prepared_slot(unsigned b) {
-  const unsigned long long slots = b < 8 ? 0x110A09100F080706ull : b < 16 ? 0x1B141312150E0D0Cull : b < 24 ? 0x011A19001F181716ull : 0x0B040302051E1D1Cull;
+  const unsigned long long slots = b < 8    ? 0x110A09100F080706ull
+                                   : b < 16 ? 0x1B141312150E0D0Cull
+                                   : b < 24 ? 0x011A19001F181716ull
+                                            : 0x0B040302051E1D1Cull;
   return static_cast<unsigned>(slots >> (8 * (b % 8))) & 31u;
 }
 

@@ -11,17 +11,17 @@
 enum { kMoeMapXGrouped = 0, kMoeMapW13 = 1, kMoeMapW13By32 = 2, kMoeMapAct = 3, kMoeMapW2 = 4, kMoeTensorMaps = 5 };
 
 struct KilnMoeParams {
-  const void* x;              // [T, H] bf16
-  void* out;                  // [T, H] bf16
-  const void* router_logits;  // [T, E] or null
-  const int* topk_ids;        // [T, k] or null (then router_logits is set)
-  const float* topk_weights;  // [T, k] or null
-  const void* w13;            // [E, 2I, H] bf16, or [E, 2I, H/2] packed e2m1
+  const void* x;                   // [T, H] bf16
+  void* out;                       // [T, H] bf16
+  const void* router_logits;       // [T, E] or null
+  const int* topk_ids;             // [T, k] or null (then router_logits is set)
+  const float* topk_weights;       // [T, k] or null
+  const void* w13;                 // [E, 2I, H] bf16, or [E, 2I, H/2] packed e2m1
   const unsigned char* w13_scale;  // [E, 2I, H/32] e8m0, MXFP4 only
-  const void* w13_bias;       // [E, 2I] or null
-  const void* w2;             // [E, H, I] bf16, or [E, H, I/2] packed e2m1
+  const void* w13_bias;            // [E, 2I] or null
+  const void* w2;                  // [E, H, I] bf16, or [E, H, I/2] packed e2m1
   const unsigned char* w2_scale;   // [E, H, I/32] e8m0, MXFP4 only
-  const void* w2_bias;        // [E, H] or null
+  const void* w2_bias;             // [E, H] or null
   long long x_row_stride, out_row_stride, logits_row_stride, topk_row_stride;
   long long w13_expert_stride, w13_row_stride, w13_scale_expert_stride, w13_scale_row_stride;
   long long w2_expert_stride, w2_row_stride, w2_scale_expert_stride, w2_scale_row_stride;

@@ -88,7 +88,7 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
       }
       if (lane == j) {
         id = top == 0u ? -1 : static_cast<int>(chosen_e);  // top 0: fewer than k experts
-        w = expf(key_logit(top) - max_logit);               // the max over all experts is also the max over the chosen
+        w = expf(key_logit(top) - max_logit);              // the max over all experts is also the max over the chosen
       }
     }
     const float chosen = warp_sum(lane < k ? w : 0.0f);
@@ -99,8 +99,10 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
     ids[t * k + lane] = id;
     weights[t * k + lane] = w;
     if (id >= 0 && counts != nullptr) {
-      if (shared_counts) atomic_add_shared(shared_address(&counts[id]), 1);
-      else atomic_add_global(&counts[id], 1);
+      if (shared_counts)
+        atomic_add_shared(shared_address(&counts[id]), 1);
+      else
+        atomic_add_global(&counts[id], 1);
     }
   }
 }
@@ -125,7 +127,8 @@ struct MoeChunk {
 // experts; on an H200, GPT-OSS at T = 1: MXFP4 0.0405 ms against 0.0408, bf16 0.0680 against
 // 0.0694). Past it (null table) the chunk is found from chunk_start and pair_start.
 enum { kMoeChunkTable = 256 };
-__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, int experts, int chunk) {
+__device__ __forceinline__ MoeChunk find_chunk(const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start, int experts,
+                                               int chunk) {
   if (chunk_table != nullptr) return chunk_table[chunk];
   MoeChunk c;
   c.expert = find_expert(chunk_start, experts, chunk, 1);

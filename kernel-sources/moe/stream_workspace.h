@@ -51,7 +51,8 @@ KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long 
 // phases (not the grouped GEMMs), and with MXFP4 weights a launch whose dynamic shared memory holds
 // x after the rings. The kernel decides by it, and so does its registration, which then clears no
 // workspace before the launch.
-KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm, long long dynamic_bytes) {
+KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm,
+                                                    long long dynamic_bytes) {
   if (tokens > KILN_MOE_LOCAL_MAX_TOKENS || grouped_gemm) return 0;
   return !mxfp4 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(tokens, hidden);
 }
@@ -64,7 +65,7 @@ struct KilnMoeStreamWorkspace {
 KILN_HOST_DEVICE inline long long kiln_moe_align256(long long bytes) { return (bytes + 255) / 256 * 256; }
 
 KILN_HOST_DEVICE inline KilnMoeStreamWorkspace kiln_moe_stream_workspace(long long tokens, long long top_k, long long experts,
-                                                                             long long hidden, long long inter) {
+                                                                         long long hidden, long long inter) {
   const long long pairs = tokens * top_k;
   KilnMoeStreamWorkspace w;
   w.gemm_counters = 0;

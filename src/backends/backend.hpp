@@ -90,8 +90,8 @@ class VendorBackend {
   // Launches with one parameter block passed by value, with what `shape` asks for (dynamic shared
   // memory, clusters, cooperative, programmatic dependent launch); kUnsupported for what the
   // vendor lacks.
-  virtual void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params,
-                      Stream stream, const std::string& kernel_name) = 0;
+  virtual void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params, Stream stream,
+                      const std::string& kernel_name) = 0;
 
   // ---- memory and time
   // Scratch ordered on `stream` (allocated, its first `zeroed_bytes` cleared, freed on the
@@ -132,7 +132,7 @@ struct BackendRegistrar {
   BackendRegistrar(VendorBackend* backend, int order);
 };
 #define KILN_REGISTER_BACKEND(Type, order) \
-  static const ::kiln::detail::BackendRegistrar kiln_backend_registrar_##Type{new Type(), order}
+  static const ::kiln::detail::BackendRegistrar kiln_backend_registrar_##Type { new Type(), order }
 
 // Enters a device on construction and leaves it on destruction.
 class ScopedLaunch {

@@ -15,16 +15,16 @@ const char* compiler_kind_name(CompilerKind kind);  // "nvrtc", "hiprtc", "clang
 
 struct CompileRequest {
   CompilerKind compiler = CompilerKind::kNvrtc;
-  std::string kernel_name;      // for messages
-  std::string source_name;      // "attention/prefill_reference.cuh"
-  std::string source;           // full text, with an instantiation preamble appended
+  std::string kernel_name;                                   // for messages
+  std::string source_name;                                   // "attention/prefill_reference.cuh"
+  std::string source;                                        // full text, with an instantiation preamble appended
   std::vector<std::pair<std::string, std::string>> headers;  // include name -> text
-  std::string name_expression;  // "kiln::prefill_reference<kiln::bf16, 128>"
-  std::vector<std::string> options;  // without the target
-  std::string target;           // "sm_90a", "gfx942", "gfx950:sramecc+:xnack-"
+  std::string name_expression;                               // "kiln::prefill_reference<kiln::bf16, 128>"
+  std::vector<std::string> options;                          // without the target
+  std::string target;                                        // "sm_90a", "gfx942", "gfx950:sramecc+:xnack-"
   // Labels for the cache index and messages; not compiler inputs, not part of the key.
-  std::string op;               // "mha_prefill"
-  std::string signature;        // canonical signature
+  std::string op;         // "mha_prefill"
+  std::string signature;  // canonical signature
 };
 
 struct CompileResult {

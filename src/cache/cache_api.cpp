@@ -9,8 +9,8 @@ namespace {
 
 // Maintenance never degrades silently: a directory that cannot be used is an error.
 detail::KernelCache strict_cache(const std::string& directory) {
-  return detail::KernelCache(directory.empty() ? detail::default_cache_directory() : directory, {},
-                             detail::default_cache_max_bytes(), detail::KernelCache::Mode::kStrict);
+  return detail::KernelCache(directory.empty() ? detail::default_cache_directory() : directory, {}, detail::default_cache_max_bytes(),
+                             detail::KernelCache::Mode::kStrict);
 }
 
 }  // namespace
@@ -23,8 +23,7 @@ CacheVerifyReport cache_verify(bool repair, const std::string& directory) { retu
 
 uint64_t cache_prune(uint64_t max_bytes, const std::string& directory) { return strict_cache(directory).prune(max_bytes); }
 
-uint64_t cache_export(const std::string& file, const std::string& target, const std::string& kernel,
-                      const std::string& directory) {
+uint64_t cache_export(const std::string& file, const std::string& target, const std::string& kernel, const std::string& directory) {
   return strict_cache(directory).export_to(file, target, kernel);
 }
 

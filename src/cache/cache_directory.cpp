@@ -37,7 +37,7 @@ std::vector<std::string> default_seed_databases() {
 }
 
 std::optional<std::string> unsafe_reason(const std::string& path, bool is_directory) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return std::nullopt;  // absent: nothing to trust yet
   if (S_ISLNK(st.st_mode)) {
     if (!is_directory) return fmt::format("{} is a symbolic link; kiln does not follow links out of its cache", path);
@@ -47,12 +47,16 @@ std::optional<std::string> unsafe_reason(const std::string& path, bool is_direct
   if (!is_directory && !S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file", path);
   const uid_t me = ::geteuid();
   if (st.st_uid != me && st.st_uid != 0) {
-    return fmt::format("{} belongs to user id {}, not to this user ({}); a cache holds code that runs on the GPU, "
-                       "so kiln uses only its own", path, st.st_uid, me);
+    return fmt::format(
+        "{} belongs to user id {}, not to this user ({}); a cache holds code that runs on the GPU, "
+        "so kiln uses only its own",
+        path, st.st_uid, me);
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format("{} is writable by other users (mode {:o}); a cache holds code that runs on the GPU: "
-                       "chmod go-w it or use another KILN_CACHE_DIR", path, st.st_mode & 07777);
+    return fmt::format(
+        "{} is writable by other users (mode {:o}); a cache holds code that runs on the GPU: "
+        "chmod go-w it or use another KILN_CACHE_DIR",
+        path, st.st_mode & 07777);
   }
   return std::nullopt;
 }
@@ -89,13 +93,12 @@ bool is_network_filesystem_magic(long magic) {
     case 0x013111a8UL:  // IBRIX
     case 0x19830326UL:  // BeeGFS
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
 bool is_network_filesystem(const std::string& path) {
-  struct statfs fs{};
+  struct statfs fs {};
   if (::statfs(path.c_str(), &fs) != 0) return false;
   return is_network_filesystem_magic(static_cast<long>(fs.f_type));
 }

@@ -49,9 +49,7 @@ int64_t now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-int64_t checksum_of(const std::vector<uint8_t>& binary) {
-  return static_cast<int64_t>(XXH3_64bits(binary.data(), binary.size()));
-}
+int64_t checksum_of(const std::vector<uint8_t>& binary) { return static_cast<int64_t>(XXH3_64bits(binary.data(), binary.size())); }
 
 Error cache_error(const std::string& what) { return Error(ErrorCode::kCacheError, what); }
 
@@ -157,8 +155,8 @@ int64_t check_ownership(sqlite3* db, const std::string& path) {
     throw cache_error(fmt::format("{} is an SQLite database of another application (application_id {}); kiln leaves it alone", path, app));
   }
   if (version > kSchemaVersion) {
-    throw cache_error(fmt::format("{} has cache schema {} from a newer kiln; this kiln reads schema {} and leaves it alone",
-                                  path, version, kSchemaVersion));
+    throw cache_error(fmt::format("{} has cache schema {} from a newer kiln; this kiln reads schema {} and leaves it alone", path, version,
+                                  kSchemaVersion));
   }
   return version;
 }
@@ -240,7 +238,8 @@ void delete_ids(sqlite3* db, const std::vector<int64_t>& ids) {
 // Why a row read from a database must not be used, or nullopt.
 std::optional<std::string> row_problem(const Statement& s, const CacheRow& r) {
   if (s.blob(0).size() != 16) return "key is not 16 bytes";
-  if (static_cast<int64_t>(r.binary.size()) != s.integer(10)) return fmt::format("binary has {} bytes, the row says {}", r.binary.size(), s.integer(10));
+  if (static_cast<int64_t>(r.binary.size()) != s.integer(10))
+    return fmt::format("binary has {} bytes, the row says {}", r.binary.size(), s.integer(10));
   if (r.binary.empty()) return "binary is empty";
   if (checksum_of(r.binary) != s.integer(11)) return "checksum mismatch (corrupted binary)";
   if (r.kernel.empty() || r.target.empty() || r.compiler.empty() || r.entry.empty()) return "required field is empty";
@@ -369,8 +368,8 @@ void KernelCache::open_writable() {
     if (std::filesystem::exists(path)) {
       try {
         db_ = open_cache_database(path, false, network);
-        degrade("read-only", fmt::format("{} is read-only ({}); using its kernels, new ones are kept in memory only",
-                                         path, writable_error.message()));
+        degrade("read-only",
+                fmt::format("{} is read-only ({}); using its kernels, new ones are kept in memory only", path, writable_error.message()));
         return;
       } catch (const Error&) {
       }
@@ -393,8 +392,7 @@ void KernelCache::open_seeds() {
   }
 }
 
-std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, const std::string& target,
-                                                      const std::string& compiler) {
+std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, const std::string& target, const std::string& compiler) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::vector<uint8_t> kb = key_bytes(key);
   auto search = [&](sqlite3* db, Tier tier, const std::string& name) -> std::optional<Found> {
@@ -408,8 +406,8 @@ std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, cons
       if (!problem && row.compiler != compiler) problem = fmt::format("built by '{}', not '{}'", row.compiler, compiler);
       if (problem) {
         counters_.bad_entries++;
-        log(LogLevel::kWarn, fmt::format("kiln cache: entry {} ({}) in {} is unusable: {}; {}", key.hex(), row.kernel, name,
-                                         *problem, tier == Tier::kDisk ? "dropped and rebuilt" : "ignored"));
+        log(LogLevel::kWarn, fmt::format("kiln cache: entry {} ({}) in {} is unusable: {}; {}", key.hex(), row.kernel, name, *problem,
+                                         tier == Tier::kDisk ? "dropped and rebuilt" : "ignored"));
         if (tier == Tier::kDisk && writable_) delete_key(db, key);
         return std::nullopt;
       }
@@ -541,8 +539,9 @@ std::vector<CacheEntry> KernelCache::list() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<CacheEntry> out;
   if (!db_) return out;
-  Statement s(db_, "SELECT hex(key), kernel, operator, signature, target, backend, compiler, size, hits, created, last_used, "
-                   "compile_ms FROM kernels ORDER BY last_used DESC, id DESC");
+  Statement s(db_,
+              "SELECT hex(key), kernel, operator, signature, target, backend, compiler, size, hits, created, last_used, "
+              "compile_ms FROM kernels ORDER BY last_used DESC, id DESC");
   while (s.step()) {
     CacheEntry e;
     e.key = s.text(0);
@@ -607,7 +606,9 @@ uint64_t KernelCache::export_to(const std::string& file, const std::string& targ
     exec(out, "PRAGMA journal_mode = DELETE");  // a bundle is one self-contained file
     Transaction t(out);
     Statement rows(db_, fmt::format("SELECT {}, created, last_used, hits FROM kernels WHERE (?1 = '' OR target = ?1) "
-                                    "AND (?2 = '' OR kernel = ?2)", kRowColumns).c_str());
+                                    "AND (?2 = '' OR kernel = ?2)",
+                                    kRowColumns)
+                            .c_str());
     rows.bind(1, target).bind(2, kernel);
     Statement ins(out, (std::string("INSERT INTO kernels ") + kInsertColumns).c_str());
     while (rows.step()) {

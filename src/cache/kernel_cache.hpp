@@ -27,8 +27,8 @@ struct CacheRow {
 };
 
 struct CacheCounters {
-  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, seed_hits{0}, misses{0}, compiles{0}, bytes_written{0},
-      evictions{0}, bad_entries{0}, lock_waits{0};
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, seed_hits{0}, misses{0}, compiles{0}, bytes_written{0}, evictions{0}, bad_entries{0},
+      lock_waits{0};
   std::atomic<uint64_t> compile_us{0};
 };
 

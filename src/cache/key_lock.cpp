@@ -18,7 +18,7 @@ namespace {
 constexpr long long kSlots = 1LL << 20;  // distinct keys rarely share a slot; sharing only serializes
 
 bool try_lock(int fd, long long offset, short type) {
-  struct flock fl{};
+  struct flock fl {};
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = offset;
@@ -33,8 +33,8 @@ KeyLock::KeyLock(const std::string& directory, const KernelKey& key, double time
   const std::string path = directory + "/locks";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0) {
-    log(LogLevel::kDebug, fmt::format("kiln cache: no lock file {} ({}); compiling without a cross-process lock", path,
-                                      std::strerror(errno)));
+    log(LogLevel::kDebug,
+        fmt::format("kiln cache: no lock file {} ({}); compiling without a cross-process lock", path, std::strerror(errno)));
     return;
   }
   offset_ = static_cast<long long>(key.low % static_cast<uint64_t>(kSlots));
@@ -46,14 +46,13 @@ KeyLock::KeyLock(const std::string& directory, const KernelKey& key, double time
       return;
     }
     if (errno != EAGAIN && errno != EACCES) {
-      log(LogLevel::kDebug, fmt::format("kiln cache: {} does not support locks ({}); compiling without one", path,
-                                        std::strerror(errno)));
+      log(LogLevel::kDebug, fmt::format("kiln cache: {} does not support locks ({}); compiling without one", path, std::strerror(errno)));
       return;
     }
     waited_ = true;
     if (std::chrono::steady_clock::now() >= deadline) {
-      log(LogLevel::kWarn, fmt::format("kiln cache: waited {:.0f} s for another process compiling key {}; compiling here too",
-                                       timeout_seconds, key.hex()));
+      log(LogLevel::kWarn,
+          fmt::format("kiln cache: waited {:.0f} s for another process compiling key {}; compiling here too", timeout_seconds, key.hex()));
       return;
     }
     std::this_thread::sleep_for(pause);

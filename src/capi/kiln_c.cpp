@@ -181,9 +181,12 @@ kiln_status kiln_list_kernels_json(char** json_out) {
     require(json_out, "json_out");
     nlohmann::json list = nlohmann::json::array();
     for (const auto& k : kiln::Registry::global().kernels()) {
-      list.push_back({{"name", k->name}, {"operator", kiln::operator_name({k->family, k->mode})},
-                      {"priority", kiln::priority_name(k->priority)}, {"backend", kiln::backend_name(k->backend)},
-                      {"vendor", kiln::vendor_name(k->requirements.vendor)}, {"origin", k->origin}});
+      list.push_back({{"name", k->name},
+                      {"operator", kiln::operator_name({k->family, k->mode})},
+                      {"priority", kiln::priority_name(k->priority)},
+                      {"backend", kiln::backend_name(k->backend)},
+                      {"vendor", kiln::vendor_name(k->requirements.vendor)},
+                      {"origin", k->origin}});
     }
     *json_out = copy_string(list.dump());
   });

@@ -76,10 +76,18 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
   const double bound = problem->tolerance();
   const bool pass = vs_reference < bound && (!small || (vs_float64 < bound && reference_vs_float64 < bound));
   if (as_json) {
-    std::cout << json{{"op", op_name}, {"shape", shape.describe()}, {"seed", seed}, {"signature", sig.canonical()},
-                      {"kernel", selected}, {"reference", reference}, {"device", platform.device_name}, {"target", platform.arch},
-                      {"error_vs_reference", vs_reference}, {"error_vs_float64", small ? json(vs_float64) : json(nullptr)},
-                      {"reference_error_vs_float64", small ? json(reference_vs_float64) : json(nullptr)}, {"bound", bound},
+    std::cout << json{{"op", op_name},
+                      {"shape", shape.describe()},
+                      {"seed", seed},
+                      {"signature", sig.canonical()},
+                      {"kernel", selected},
+                      {"reference", reference},
+                      {"device", platform.device_name},
+                      {"target", platform.arch},
+                      {"error_vs_reference", vs_reference},
+                      {"error_vs_float64", small ? json(vs_float64) : json(nullptr)},
+                      {"reference_error_vs_float64", small ? json(reference_vs_float64) : json(nullptr)},
+                      {"bound", bound},
                       {"pass", pass}}
                      .dump(2)
               << "\n";
@@ -146,10 +154,12 @@ int run_bench(const std::string& op_name, const std::string& shape_text, uint64_
   const tools::Work w = problem->work();
   const double tflops = w.flops / (median * 1e-3) / 1e12, tbps = w.bytes / (median * 1e-3) / 1e12;
   if (as_json) {
-    std::cout << json{{"op", op_name}, {"shape", shape.describe()}, {"signature", sig.canonical()}, {"kernel", selected},
-                      {"key", compiled.key}, {"device", platform.device_name}, {"target", platform.arch}, {"driver", driver_version()},
-                      {"runs", runs}, {"buffer_sets", sets}, {"median_ms", median}, {"p10_ms", pct(0.1)}, {"p90_ms", pct(0.9)},
-                      {"flops", w.flops}, {"bytes", w.bytes}, {"tflops", tflops}, {"tbytes_per_s", tbps}}
+    std::cout << json{{"op", op_name},           {"shape", shape.describe()},  {"signature", sig.canonical()},
+                      {"kernel", selected},      {"key", compiled.key},        {"device", platform.device_name},
+                      {"target", platform.arch}, {"driver", driver_version()}, {"runs", runs},
+                      {"buffer_sets", sets},     {"median_ms", median},        {"p10_ms", pct(0.1)},
+                      {"p90_ms", pct(0.9)},      {"flops", w.flops},           {"bytes", w.bytes},
+                      {"tflops", tflops},        {"tbytes_per_s", tbps}}
                      .dump(2)
               << "\n";
   } else {
@@ -182,7 +192,8 @@ int run_manifest(bool bench, const std::string& manifest_name, const std::string
     worst = std::max(worst, rc);
     ++ran;
   }
-  if (ran == 0) throw Error(ErrorCode::kInvalidArgument, fmt::format("manifest {} has no {} signature", manifest.model, op.empty() ? "" : op));
+  if (ran == 0)
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("manifest {} has no {} signature", manifest.model, op.empty() ? "" : op));
   if (!as_json) std::cout << fmt::format("--- {} signature(s) of {}: {}\n", ran, manifest.model, worst == 0 ? "all passed" : "FAILURES");
   return worst;
 }

@@ -11,13 +11,13 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <sstream>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/check_bench.hpp"
@@ -40,10 +40,16 @@ int exit_code(const kiln::Error& e) {
 }
 
 json platform_json(const kiln::Platform& p) {
-  return {{"vendor", kiln::vendor_name(p.vendor)}, {"arch", p.arch}, {"arch_version", p.arch_version},
-          {"name", p.device_name}, {"index", p.device_index}, {"multiprocessors", p.multiprocessor_count},
-          {"shared_memory_per_block", p.shared_memory_per_block}, {"l2_bytes", p.l2_bytes},
-          {"warp_size", p.warp_size}, {"features", p.features}};
+  return {{"vendor", kiln::vendor_name(p.vendor)},
+          {"arch", p.arch},
+          {"arch_version", p.arch_version},
+          {"name", p.device_name},
+          {"index", p.device_index},
+          {"multiprocessors", p.multiprocessor_count},
+          {"shared_memory_per_block", p.shared_memory_per_block},
+          {"l2_bytes", p.l2_bytes},
+          {"warp_size", p.warp_size},
+          {"features", p.features}};
 }
 
 kiln::Platform resolve_target(const std::string& target) {
@@ -52,9 +58,8 @@ kiln::Platform resolve_target(const std::string& target) {
   if (report.devices.empty()) {
     std::string why;
     for (const auto& n : report.notes) why += "\n  " + n;
-    throw kiln::Error(kiln::ErrorCode::kDriverError,
-                      "no usable GPU here; name a target with --target (one of " +
-                          fmt::format("{}", fmt::join(kiln::known_targets(), ", ")) + "):" + why);
+    throw kiln::Error(kiln::ErrorCode::kDriverError, "no usable GPU here; name a target with --target (one of " +
+                                                         fmt::format("{}", fmt::join(kiln::known_targets(), ", ")) + "):" + why);
   }
   return report.devices.front();
 }
@@ -78,10 +83,10 @@ int cmd_devices(bool as_json) {
   std::cout << fmt::format("Offline targets (compile without a GPU): {}\n", fmt::join(kiln::known_targets(), ", "));
   std::cout << "Compilers:\n";
   for (const auto& c : kiln::available_compilers()) {
-    std::cout << fmt::format("  {:<7} {}\n", c.compiler,
-                             c.identity.empty() ? "unavailable: " + c.note
-                                                : fmt::format("{} -> {}{}", c.identity, fmt::join(c.targets, ", "),
-                                                              c.note.empty() ? "" : " (" + c.note + ")"));
+    std::cout << fmt::format(
+        "  {:<7} {}\n", c.compiler,
+        c.identity.empty() ? "unavailable: " + c.note
+                           : fmt::format("{} -> {}{}", c.identity, fmt::join(c.targets, ", "), c.note.empty() ? "" : " (" + c.note + ")"));
   }
   return 0;
 }
@@ -97,11 +102,18 @@ int cmd_list(const std::string& family, bool as_json) {
     const auto& r = k->requirements;
     const std::string arch = fmt::format("{}..{}", r.min_arch, r.max_arch >= (1 << 30) ? std::string("") : std::to_string(r.max_arch));
     if (as_json) {
-      list.push_back({{"name", k->name}, {"operator", kiln::operator_name({k->family, k->mode})},
-                      {"family", k->family}, {"mode", k->mode}, {"priority", kiln::priority_name(k->priority)},
-                      {"backend", kiln::backend_name(k->backend)}, {"vendor", kiln::vendor_name(r.vendor)},
-                      {"min_arch", r.min_arch}, {"max_arch", r.max_arch >= (1 << 30) ? json(nullptr) : json(r.max_arch)},
-                      {"features", r.features}, {"specificity", k->specificity}, {"origin", k->origin}});
+      list.push_back({{"name", k->name},
+                      {"operator", kiln::operator_name({k->family, k->mode})},
+                      {"family", k->family},
+                      {"mode", k->mode},
+                      {"priority", kiln::priority_name(k->priority)},
+                      {"backend", kiln::backend_name(k->backend)},
+                      {"vendor", kiln::vendor_name(r.vendor)},
+                      {"min_arch", r.min_arch},
+                      {"max_arch", r.max_arch >= (1 << 30) ? json(nullptr) : json(r.max_arch)},
+                      {"features", r.features},
+                      {"specificity", k->specificity},
+                      {"origin", k->origin}});
     } else {
       std::cout << fmt::format("{:<40} {:<24} {:<12} {:<7} {:<10} {}\n", k->name, kiln::operator_name({k->family, k->mode}),
                                kiln::priority_name(k->priority), kiln::vendor_name(r.vendor), arch, k->origin);
@@ -118,8 +130,7 @@ int cmd_explain(const std::string& op, const std::string& sig_text, const std::s
   return ex.selected ? 0 : 3;
 }
 
-int cmd_compile(const std::string& op, const std::string& sig_text, const std::string& target,
-                const std::string& output, bool as_json) {
+int cmd_compile(const std::string& op, const std::string& sig_text, const std::string& target, const std::string& output, bool as_json) {
   const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
   const std::string arch = target.empty() ? resolve_target("").arch : target;
   const kiln::CompiledKernel k = kiln::compile_for_target(sig, arch);
@@ -129,16 +140,24 @@ int cmd_compile(const std::string& op, const std::string& sig_text, const std::s
     if (!out) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--output: cannot write " + output);
   }
   if (as_json) {
-    std::cout << json{{"kernel", k.kernel}, {"signature", k.signature}, {"target", k.target}, {"key", k.key},
-                      {"name_expression", k.name_expression}, {"lowered_name", k.lowered_name},
-                      {"compiler", k.compiler}, {"binary_bytes", k.binary.size()}, {"compile_ms", k.compile_ms},
+    std::cout << json{{"kernel", k.kernel},
+                      {"signature", k.signature},
+                      {"target", k.target},
+                      {"key", k.key},
+                      {"name_expression", k.name_expression},
+                      {"lowered_name", k.lowered_name},
+                      {"compiler", k.compiler},
+                      {"binary_bytes", k.binary.size()},
+                      {"compile_ms", k.compile_ms},
                       {"origin", k.origin}}
                      .dump(2)
               << "\n";
   } else {
-    std::cout << fmt::format("kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes ({}){}\norigin   {}\ntime     {:.0f} ms (compile)\n",
-                             k.kernel, k.signature, k.target, k.key, k.lowered_name, k.compiler, k.binary.size(),
-                             k.target.rfind("gfx", 0) == 0 ? "AMD code object" : "CUBIN", output.empty() ? "" : " -> " + output, k.origin, k.compile_ms);
+    std::cout << fmt::format(
+        "kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes ({}){}\norigin   {}\ntime     "
+        "{:.0f} ms (compile)\n",
+        k.kernel, k.signature, k.target, k.key, k.lowered_name, k.compiler, k.binary.size(),
+        k.target.rfind("gfx", 0) == 0 ? "AMD code object" : "CUBIN", output.empty() ? "" : " -> " + output, k.origin, k.compile_ms);
   }
   return 0;
 }
@@ -154,13 +173,14 @@ int cmd_cache_stats(bool as_json) {
   const kiln::CacheStats s = kiln::cache_stats();
   if (as_json) {
     std::cout << json{{"directory", s.directory}, {"persistent", s.persistent}, {"degraded_reason", s.degraded_reason},
-                      {"seeds", s.seeds}, {"entries", s.entries}, {"bytes", s.bytes}, {"max_bytes", s.max_bytes}}
+                      {"seeds", s.seeds},         {"entries", s.entries},       {"bytes", s.bytes},
+                      {"max_bytes", s.max_bytes}}
                      .dump(2)
               << "\n";
   } else {
     std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
-                             s.persistent ? "persistent" : "memory only: " + s.degraded_reason, s.entries,
-                             human_bytes(s.bytes), human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
+                             s.persistent ? "persistent" : "memory only: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
+                             human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
   }
   return s.persistent ? 0 : 6;
 }
@@ -170,9 +190,18 @@ int cmd_cache_ls(const std::string& dir, bool as_json) {
   if (as_json) {
     json list = json::array();
     for (const auto& e : entries) {
-      list.push_back({{"key", e.key}, {"kernel", e.kernel}, {"operator", e.op}, {"signature", e.signature}, {"target", e.target},
-                      {"backend", e.backend}, {"compiler", e.compiler}, {"size", e.size}, {"hits", e.hits},
-                      {"created", e.created}, {"last_used", e.last_used}, {"compile_ms", e.compile_ms}});
+      list.push_back({{"key", e.key},
+                      {"kernel", e.kernel},
+                      {"operator", e.op},
+                      {"signature", e.signature},
+                      {"target", e.target},
+                      {"backend", e.backend},
+                      {"compiler", e.compiler},
+                      {"size", e.size},
+                      {"hits", e.hits},
+                      {"created", e.created},
+                      {"last_used", e.last_used},
+                      {"compile_ms", e.compile_ms}});
     }
     std::cout << list.dump(2) << "\n";
     return 0;
@@ -213,9 +242,8 @@ void show_progress(const kiln::WarmupProgress& p, bool terminal) {
     if (p.done == p.total) std::fprintf(stderr, "\n");
   } else if (p.last != nullptr) {
     static const char* names[] = {"compiled", "cached", "shared", "FAILED", "cancelled"};
-    std::fprintf(stderr, "[%zu/%zu] %-9s %-10s %-30s %s (%.0f ms)\n", p.done, p.total,
-                 names[static_cast<int>(p.last->status)], p.last->target.c_str(), p.last->kernel.c_str(),
-                 p.last->signature.c_str(), p.last->milliseconds);
+    std::fprintf(stderr, "[%zu/%zu] %-9s %-10s %-30s %s (%.0f ms)\n", p.done, p.total, names[static_cast<int>(p.last->status)],
+                 p.last->target.c_str(), p.last->kernel.c_str(), p.last->signature.c_str(), p.last->milliseconds);
   }
   std::fflush(stderr);
 }
@@ -239,24 +267,31 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
     json items = json::array();
     static const char* names[] = {"compiled", "cached", "shared", "failed", "cancelled"};
     for (const auto& i : r.items) {
-      items.push_back({{"signature", i.signature}, {"target", i.target}, {"kernel", i.kernel},
-                       {"status", names[static_cast<int>(i.status)]}, {"reason", i.reason}, {"bytes", i.bytes}, {"ms", i.milliseconds}});
+      items.push_back({{"signature", i.signature},
+                       {"target", i.target},
+                       {"kernel", i.kernel},
+                       {"status", names[static_cast<int>(i.status)]},
+                       {"reason", i.reason},
+                       {"bytes", i.bytes},
+                       {"ms", i.milliseconds}});
     }
-    std::cout << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled}, {"cached", r.cached},
-                      {"shared", r.shared}, {"failed", r.failed}, {"cancelled", r.cancelled}, {"seconds", r.seconds}, {"bytes", r.bytes},
-                      {"cache", cache.directory}, {"persistent", cache.persistent}, {"items", items}}
+    std::cout << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled},         {"cached", r.cached},
+                      {"shared", r.shared},      {"failed", r.failed},         {"cancelled", r.cancelled},       {"seconds", r.seconds},
+                      {"bytes", r.bytes},        {"cache", cache.directory},   {"persistent", cache.persistent}, {"items", items}}
                      .dump(2)
               << "\n";
   } else {
     std::cout << fmt::format("warm-up of {} for {}: {} signatures x {} target(s)\n", manifest.model, fmt::join(options.targets, ","),
                              manifest.signatures.size(), options.targets.size());
-    std::cout << fmt::format("  compiled   {}\n  cached     {} (already in the cache)\n  shared     {} (same binary as another signature)\n  failed     {}\n",
-                             r.compiled, r.cached, r.shared, r.failed);
+    std::cout << fmt::format(
+        "  compiled   {}\n  cached     {} (already in the cache)\n  shared     {} (same binary as another signature)\n  failed     {}\n",
+        r.compiled, r.cached, r.shared, r.failed);
     if (r.cancelled) std::cout << fmt::format("  cancelled  {} (interrupted; run again to continue)\n", r.cancelled);
     std::cout << fmt::format("  time       {:.1f} s\n  binaries   {}\n  cache      {}{}\n", r.seconds, human_bytes(r.bytes),
                              cache.directory, cache.persistent ? "" : " (NOT persistent: " + cache.degraded_reason + ")");
     for (const auto& i : r.items) {
-      if (i.status == kiln::WarmupItem::Status::kFailed) std::cout << fmt::format("  failed: {} on {}: {}\n", i.signature, i.target, i.reason);
+      if (i.status == kiln::WarmupItem::Status::kFailed)
+        std::cout << fmt::format("  failed: {} on {}: {}\n", i.signature, i.target, i.reason);
     }
   }
   if (r.cancelled) return 130;

@@ -8,8 +8,7 @@
 
 namespace kiln::detail {
 
-DynamicLibrary::DynamicLibrary(std::string what, const std::vector<std::string>& candidates)
-    : what_(std::move(what)) {
+DynamicLibrary::DynamicLibrary(std::string what, const std::vector<std::string>& candidates) : what_(std::move(what)) {
   std::string tried;
   for (const auto& c : candidates) {
     handle_ = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -32,8 +31,7 @@ void* DynamicLibrary::symbol(const char* name) const {
   dlerror();
   void* sym = dlsym(handle_, name);
   if (sym == nullptr) {
-    throw Error(ErrorCode::kDriverError,
-                fmt::format("{} ({}) has no symbol {}: it is too old for kiln", what_, path_, name));
+    throw Error(ErrorCode::kDriverError, fmt::format("{} ({}) has no symbol {}: it is too old for kiln", what_, path_, name));
   }
   return sym;
 }

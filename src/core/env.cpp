@@ -23,9 +23,7 @@ std::optional<int64_t> env_int(const char* name) {
     used = 0;
   }
   if (used == 0 || used != text->size()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("environment variable ") + name + "='" + *text +
-                    "' is not an integer");
+    throw Error(ErrorCode::kInvalidArgument, std::string("environment variable ") + name + "='" + *text + "' is not an integer");
   }
   return value;
 }

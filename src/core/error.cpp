@@ -19,15 +19,12 @@ const char* error_code_name(ErrorCode code) {
 }
 
 Error::Error(ErrorCode code, const std::string& message)
-    : std::runtime_error(fmt::format("kiln: {}: {}", error_code_name(code), message)),
-      code_(code),
-      message_(message) {}
+    : std::runtime_error(fmt::format("kiln: {}: {}", error_code_name(code), message)), code_(code), message_(message) {}
 
-Error Error::compile_failed(const std::string& kernel, const std::string& target,
-                            const std::vector<std::string>& options, const std::string& log) {
+Error Error::compile_failed(const std::string& kernel, const std::string& target, const std::vector<std::string>& options,
+                            const std::string& log) {
   Error e(ErrorCode::kCompileFailed,
-          fmt::format("kernel '{}' for target {} did not compile\noptions: {}\nlog:\n{}", kernel,
-                      target, fmt::join(options, " "), log));
+          fmt::format("kernel '{}' for target {} did not compile\noptions: {}\nlog:\n{}", kernel, target, fmt::join(options, " "), log));
   e.compile_log_ = log;
   e.compile_options_ = options;
   e.compile_target_ = target;

@@ -24,8 +24,7 @@ LogLevel level_from_env() {
   auto value = detail::env_string("KILN_LOG");
   if (!value) return LogLevel::kWarn;
   if (auto level = detail::parse_log_level(*value)) return *level;
-  std::fprintf(stderr, "[kiln warn] KILN_LOG='%s' is not one of debug|info|warn|error|off; using warn\n",
-               value->c_str());
+  std::fprintf(stderr, "[kiln warn] KILN_LOG='%s' is not one of debug|info|warn|error|off; using warn\n", value->c_str());
   return LogLevel::kWarn;
 }
 

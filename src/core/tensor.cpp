@@ -14,9 +14,10 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBF16, "bf16", 2},     {DType::kF16, "f16", 2},   {DType::kF32, "f32", 4},
-    {DType::kF8E4M3, "e4m3", 1},   {DType::kF8E5M2, "e5m2", 1},
-    {DType::kF4E2M1x2, "e2m1x2", 1}, {DType::kE8M0, "e8m0", 1}, {DType::kI32, "i32", 4},
+    {DType::kBF16, "bf16", 2},   {DType::kF16, "f16", 2},
+    {DType::kF32, "f32", 4},     {DType::kF8E4M3, "e4m3", 1},
+    {DType::kF8E5M2, "e5m2", 1}, {DType::kF4E2M1x2, "e2m1x2", 1},
+    {DType::kE8M0, "e8m0", 1},   {DType::kI32, "i32", 4},
     {DType::kI64, "i64", 8},     {DType::kF4E2M1x2Prepared, "e2m1x2_prepared", 1},
 };
 
@@ -45,8 +46,7 @@ DType parse_dtype(const std::string& name, const char* what) {
     if (name == info.name) return info.dtype;
     known += known.empty() ? info.name : std::string(", ") + info.name;
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("{}: unknown dtype '{}' (expected one of {})", what, name, known));
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: unknown dtype '{}' (expected one of {})", what, name, known));
 }
 
 int64_t TensorView::numel() const {
@@ -76,16 +76,14 @@ std::string TensorView::describe() const {
   return fmt::format("{}[{}] on {}", dtype_name(dtype), dims, where);
 }
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                                  int32_t device) {
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape, int32_t device) {
   TensorView t;
   t.data = data;
   t.dtype = dtype;
   t.device = device;
   t.ndim = static_cast<int32_t>(shape.size());
   if (t.ndim < 1 || t.ndim > kMaxDims) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("TensorView::contiguous: rank {} is outside 1..{}", t.ndim, kMaxDims));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("TensorView::contiguous: rank {} is outside 1..{}", t.ndim, kMaxDims));
   }
   size_t i = 0;
   for (int64_t s : shape) t.shape[i++] = s;

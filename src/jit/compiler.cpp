@@ -44,8 +44,7 @@ JitSettings detail::jit_settings_from_environment() {
     } else if (*mode == "inprocess") {
       s.isolation = CompileIsolation::kInProcess;
     } else {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("KILN_COMPILE_ISOLATION='{}' must be 'process' or 'inprocess'", *mode));
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_COMPILE_ISOLATION='{}' must be 'process' or 'inprocess'", *mode));
     }
   }
   if (auto worker = detail::env_string("KILN_COMPILE_WORKER")) s.worker_path = *worker;
@@ -172,12 +171,11 @@ CompileResult compile_in_this_process(const CompileRequest& request, double time
   return backend_for(request.compiler).compile(request, timeout_seconds);
 }
 
-CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
-                                double timeout_seconds) {
+CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path, double timeout_seconds) {
   if (::access(worker_path.c_str(), X_OK) != 0) {
-    throw Error(ErrorCode::kCompileFailed,
-                fmt::format("compile worker {} is missing or not executable (set KILN_COMPILE_WORKER, or "
-                            "KILN_COMPILE_ISOLATION=inprocess)", worker_path));
+    throw Error(ErrorCode::kCompileFailed, fmt::format("compile worker {} is missing or not executable (set KILN_COMPILE_WORKER, or "
+                                                       "KILN_COMPILE_ISOLATION=inprocess)",
+                                                       worker_path));
   }
   // A socket for stdin: send() with MSG_NOSIGNAL cannot raise SIGPIPE in a host process when the
   // worker dies before reading.
@@ -244,11 +242,15 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
       char buf[65536];
       const ssize_t r = read(fds[i].fd, buf, sizeof(buf));
       if (r > 0) {
-        if (fds[i].fd == out_parent.fd) out.insert(out.end(), buf, buf + r);
-        else err.append(buf, static_cast<size_t>(r));
+        if (fds[i].fd == out_parent.fd)
+          out.insert(out.end(), buf, buf + r);
+        else
+          err.append(buf, static_cast<size_t>(r));
       } else if (r == 0 || errno != EINTR) {
-        if (fds[i].fd == out_parent.fd) out_parent.reset();
-        else err_parent.reset();
+        if (fds[i].fd == out_parent.fd)
+          out_parent.reset();
+        else
+          err_parent.reset();
       }
     }
   }
@@ -262,9 +264,9 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
                                 fmt::format("the compile worker took longer than {} s and was killed\n{}", timeout_seconds, err));
   }
   if (!WIFEXITED(status) || out.empty()) {
-    throw Error::compile_failed(request.kernel_name, request.target, options,
-                                fmt::format("the compile worker {} {}; the compiler crashed on this kernel\n{}",
-                                            worker_path, describe_status(status), err));
+    throw Error::compile_failed(
+        request.kernel_name, request.target, options,
+        fmt::format("the compile worker {} {}; the compiler crashed on this kernel\n{}", worker_path, describe_status(status), err));
   }
   const uint8_t tag = out.front();
   std::vector<uint8_t> body(out.begin() + 1, out.end());
@@ -277,8 +279,8 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
   }
   const auto code = static_cast<ErrorCode>(j.value("code", static_cast<int>(ErrorCode::kInternal)));
   if (code == ErrorCode::kCompileFailed) {
-    throw Error::compile_failed(request.kernel_name, request.target,
-                                j.value("options", std::vector<std::string>{}), j.value("log", std::string{}));
+    throw Error::compile_failed(request.kernel_name, request.target, j.value("options", std::vector<std::string>{}),
+                                j.value("log", std::string{}));
   }
   throw Error(code, j.value("message", std::string("compile worker failed")));
 }

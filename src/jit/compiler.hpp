@@ -14,8 +14,7 @@ CompileResult compile(const CompileRequest& request, const JitSettings& settings
 const IdentityMemo& cache_identity_memo();
 // In a worker process under a time limit. Throws kiln::Error(kCompileFailed) when the worker
 // crashes, hangs past the limit or reports a compile error.
-CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path,
-                                double timeout_seconds);
+CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path, double timeout_seconds);
 // The compiler for a platform's target: NVRTC for NVIDIA; for AMD as JitSettings::amd_compiler
 // says. Throws kiln::Error(kUnsupported) saying why no compiler can build the target.
 CompilerKind compiler_for(const Platform& platform, const JitSettings& settings);

@@ -47,7 +47,7 @@ struct LoadedKey {
 struct LoadedKeyHash {
   size_t operator()(const LoadedKey& k) const {
     return static_cast<size_t>(XXH3_64bits_withSeed(k.call.fields.data(), sizeof(k.call.fields),
-                                                     reinterpret_cast<uintptr_t>(k.scope) ^ reinterpret_cast<uintptr_t>(k.call.op)));
+                                                    reinterpret_cast<uintptr_t>(k.scope) ^ reinterpret_cast<uintptr_t>(k.call.op)));
   }
 };
 struct LoadedKernel {
@@ -129,9 +129,8 @@ CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const
   // Built-in kernels are headers of templates: the program includes the header and NVRTC
   // instantiates the name expression. Plugin kernels bring their whole program as text.
   r.source_name = spec.name + ".cu";  // never a header's name: NVRTC would see a self-include
-  SourceSet sources = spec.source_is_text
-                          ? resolve_includes(r.source_name, spec.source)
-                          : resolve_includes(r.source_name, fmt::format("#include \"{}\"\n", spec.source));
+  SourceSet sources = spec.source_is_text ? resolve_includes(r.source_name, spec.source)
+                                          : resolve_includes(r.source_name, fmt::format("#include \"{}\"\n", spec.source));
   r.source = std::move(sources.main_text);
   r.headers = std::move(sources.headers);
   r.op = operator_name(sig.op());
@@ -163,8 +162,8 @@ std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const Compi
   return binary;
 }
 
-std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& request, const KernelKey& key,
-                                                       const std::string& identity, const BinaryCheck& check) {
+std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& request, const KernelKey& key, const std::string& identity,
+                                                       const BinaryCheck& check) {
   KernelCache& cache = KernelCache::process();
   if (auto hit = from_cache(cache, request, key, identity, check)) return hit;
   // One compile per key across the host's processes: whoever holds the key's lock compiles;
@@ -241,10 +240,12 @@ namespace {
 
 // The kernel's workspace for this call, when it asks for one, pointed to by the parameter block's
 // field; freed on the stream after the launch.
-void attach_workspace(const LoadedKernel& kernel, const OperatorCall& call, const LaunchScope& scope, std::optional<ScopedScratch>& scratch) {
+void attach_workspace(const LoadedKernel& kernel, const OperatorCall& call, const LaunchScope& scope,
+                      std::optional<ScopedScratch>& scratch) {
   if (!kernel.spec->workspace_bytes) return;
   if (call.workspace == nullptr) {
-    throw Error(ErrorCode::kInternal, fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel.spec->name));
+    throw Error(ErrorCode::kInternal,
+                fmt::format("kernel '{}' needs a workspace; its operator's parameter block has none", kernel.spec->name));
   }
   const Platform& platform = *scope.platform;
   const size_t bytes = kernel.spec->workspace_bytes(call.params, platform);

@@ -26,8 +26,7 @@ std::vector<std::string> embedded_kernel_files() {
 
 std::string read_kernel_file(const std::string& name) {
   if (name.empty() || name.front() == '/' || name.find("..") != std::string::npos) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("kernel source '{}': must be a relative path inside kernel-sources/", name));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("kernel source '{}': must be a relative path inside kernel-sources/", name));
   }
   if (auto dir = env_string("KILN_KERNEL_SOURCES")) {
     const std::string path = *dir + "/" + name;
@@ -44,9 +43,9 @@ std::string read_kernel_file(const std::string& name) {
     const EmbeddedFile& f = kEmbeddedKernelSources[i];
     if (name == f.name) return std::string(reinterpret_cast<const char*>(f.data), f.size);
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("kernel source '{}' is not embedded in this libkiln (set KILN_KERNEL_SOURCES to a "
-                          "kernel-sources/ directory to use one from disk)", name));
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("kernel source '{}' is not embedded in this libkiln (set KILN_KERNEL_SOURCES to a "
+                                                       "kernel-sources/ directory to use one from disk)",
+                                                       name));
 }
 
 namespace {
@@ -79,9 +78,9 @@ SourceSet resolve_includes(const std::string& origin, std::string text) {
       const auto include = include_of(line);
       if (!include) continue;
       if (include->first == '<') {
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("kernel source {}: '#include <{}>' is not allowed; kernels include only "
-                                "kernel-sources/ headers, written \"like/this.cuh\"", from, include->second));
+        throw Error(ErrorCode::kInvalidArgument, fmt::format("kernel source {}: '#include <{}>' is not allowed; kernels include only "
+                                                             "kernel-sources/ headers, written \"like/this.cuh\"",
+                                                             from, include->second));
       }
       const std::string& name = include->second;
       if (headers.count(name)) continue;

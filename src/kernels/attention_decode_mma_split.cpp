@@ -8,8 +8,8 @@
 
 #include "attention/decode_workspace.h"
 #include "attention/params.h"
-#include "kiln/registry.hpp"
 #include "kernels/signature_checks.hpp"
+#include "kiln/registry.hpp"
 
 namespace kiln {
 namespace {

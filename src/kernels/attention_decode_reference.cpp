@@ -31,8 +31,8 @@ KernelSpec decode_reference_spec() {
     return detail::check_reference_head_dim(sig);
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::decode_reference<{}, {}, {}>", cuda_type(sig.get("dtype")),
-                                      cuda_type(sig.get("kv_dtype")), sig.get_int("head_dim")),
+    return Specialization{fmt::format("kiln::decode_reference<{}, {}, {}>", cuda_type(sig.get("dtype")), cuda_type(sig.get("kv_dtype")),
+                                      sig.get_int("head_dim")),
                           {}};
   };
   spec.launch_shape = [](const void* params, const Platform&) {

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include "attention/params.h"
-#include "kiln/registry.hpp"
 #include "kernels/signature_checks.hpp"
+#include "kiln/registry.hpp"
 
 namespace kiln {
 

@@ -4,6 +4,8 @@
 
 namespace kiln {
 
-KILN_REGISTER_KERNEL(attention_prefill_mma) { return detail::prefill_kernel(detail::mma_sync_kernel("attention.prefill.mma", Priority::kPortable)); }
+KILN_REGISTER_KERNEL(attention_prefill_mma) {
+  return detail::prefill_kernel(detail::mma_sync_kernel("attention.prefill.mma", Priority::kPortable));
+}
 
 }  // namespace kiln

@@ -27,9 +27,7 @@ KernelSpec prefill_reference_spec() {
     return detail::check_reference_head_dim(sig);
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_reference<{}, {}>", cuda_type(sig.get("dtype")),
-                                      sig.get_int("head_dim")),
-                          {}};
+    return Specialization{fmt::format("kiln::prefill_reference<{}, {}>", cuda_type(sig.get("dtype")), sig.get_int("head_dim")), {}};
   };
   spec.launch_shape = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);

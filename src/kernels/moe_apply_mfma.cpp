@@ -38,8 +38,10 @@ KILN_REGISTER_KERNEL(moe_apply_mfma) {
   spec.source = "moe/apply_mfma.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::moe_accepts(sig)) return why;
-    if (sig.get("weights") == "mxfp4_prepared") return std::string("prepared MXFP4 weights unsupported (NVIDIA's layout; pass the standard one)");
-    if (sig.get_int("experts") > kMaxExperts) return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
+    if (sig.get("weights") == "mxfp4_prepared")
+      return std::string("prepared MXFP4 weights unsupported (NVIDIA's layout; pass the standard one)");
+    if (sig.get_int("experts") > kMaxExperts)
+      return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {

@@ -1,10 +1,10 @@
 // Registration of the reference MoE kernel (kernel-sources/moe/apply_reference.cuh).
 #include <fmt/format.h>
 
-#include "kiln/error.hpp"
-#include "kiln/registry.hpp"
 #include "kernels/moe_signature.hpp"
 #include "kernels/portable_kernel.hpp"
+#include "kiln/error.hpp"
+#include "kiln/registry.hpp"
 #include "moe/params.h"
 
 namespace kiln {
@@ -28,12 +28,12 @@ KernelSpec moe_reference_spec() {
     LaunchShape shape;
     shape.grid[0] = static_cast<uint32_t>(p.num_tokens);
     shape.block[0] = 256;
-    const size_t bytes = (2 * static_cast<size_t>(p.hidden) + static_cast<size_t>(p.intermediate)) * sizeof(float) +
-                         2 * detail::kMoeMaxTopK * sizeof(float);
+    const size_t bytes =
+        (2 * static_cast<size_t>(p.hidden) + static_cast<size_t>(p.intermediate)) * sizeof(float) + 2 * detail::kMoeMaxTopK * sizeof(float);
     if (bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported,
-                  fmt::format("the reference MoE kernel needs {} bytes of shared memory for H = {}, I = {}; {} allows {}",
-                              bytes, p.hidden, p.intermediate, platform.arch, platform.shared_memory_per_block));
+                  fmt::format("the reference MoE kernel needs {} bytes of shared memory for H = {}, I = {}; {} allows {}", bytes, p.hidden,
+                              p.intermediate, platform.arch, platform.shared_memory_per_block));
     }
     shape.dynamic_shared_bytes = static_cast<uint32_t>(bytes);
     return shape;

@@ -89,7 +89,8 @@ KernelSpec moe_stream_spec() {
   spec.source = "moe/apply_stream.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::moe_accepts(sig)) return why;
-    if (sig.get_int("experts") > kMaxExperts) return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
+    if (sig.get_int("experts") > kMaxExperts)
+      return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {
@@ -123,7 +124,8 @@ KernelSpec moe_stream_spec() {
   };
   spec.workspace_zeroed_bytes = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
-    if (kiln_moe_routes_locally(p.num_tokens, p.hidden, p.w13_scale != nullptr, use_grouped_gemm(p, platform), dynamic_shared_bytes(p, platform))) {
+    if (kiln_moe_routes_locally(p.num_tokens, p.hidden, p.w13_scale != nullptr, use_grouped_gemm(p, platform),
+                                dynamic_shared_bytes(p, platform))) {
       return size_t{0};
     }
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).ids);

@@ -20,7 +20,8 @@ inline int moe_bias_kind(const std::string& bias) { return bias == "none" ? 0 : 
 inline std::optional<std::string> moe_accepts(const Signature& sig) {
   if (sig.get("dtype") != "bf16") return fmt::format("dtype {} unsupported (supported: bf16)", sig.get("dtype"));
   const std::string& w = sig.get("weights");
-  if (w != "bf16" && w != "mxfp4" && w != "mxfp4_prepared") return fmt::format("weights {} unsupported (supported: bf16, mxfp4, mxfp4_prepared)", w);
+  if (w != "bf16" && w != "mxfp4" && w != "mxfp4_prepared")
+    return fmt::format("weights {} unsupported (supported: bf16, mxfp4, mxfp4_prepared)", w);
   if (sig.get_int("top_k") > kMoeMaxTopK) return fmt::format("top_k {} unsupported (at most {})", sig.get_int("top_k"), kMoeMaxTopK);
   return std::nullopt;
 }

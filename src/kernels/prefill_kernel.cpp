@@ -18,7 +18,8 @@ std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, in
   auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
     return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
                                 {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)},
-                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2}, {64, 1, static_cast<uint32_t>(box_rows)});
+                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2},
+                                {64, 1, static_cast<uint32_t>(box_rows)});
   };
   std::vector<TensorMapRequest> maps;
   maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_rows));
@@ -61,9 +62,11 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     return check_head_dim_64_or_128(sig);
   };
   spec.specialize = [k](const Signature& sig, const Platform&) {
-    std::string expression = fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
+    std::string expression =
+        fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
     if (k.warps > 0) {
-      expression += fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
+      expression +=
+          fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
     }
     return Specialization{expression + ">", {}};
   };
@@ -81,13 +84,16 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
     if (k.tma) shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * k.stages);  // the stages' mbarriers
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name,
-                                                       shape.dynamic_shared_bytes, p.head_dim, platform.arch, platform.shared_memory_per_block));
+      throw Error(ErrorCode::kUnsupported,
+                  fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name, shape.dynamic_shared_bytes,
+                              p.head_dim, platform.arch, platform.shared_memory_per_block));
     }
     return shape;
   };
   if (k.tma) {
-    spec.tensor_maps = [k](const void* params, const Platform&) { return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), 16, k.key_rows); };
+    spec.tensor_maps = [k](const void* params, const Platform&) {
+      return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), 16, k.key_rows);
+    };
   }
   return spec;
 }

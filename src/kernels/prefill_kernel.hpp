@@ -18,8 +18,8 @@ struct PrefillKernel {
   const char* entry;  // template name: <dtype, head_dim, softcap[, warps, heads, key_rows, stages]>
   Priority priority;
   bool windows_only = false;  // accepts only signatures with a window
-  int warps = 0;               // head-packing and mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
-  bool packs_heads = false;    // CTAs own packed_heads(group, warps) query heads (else one)
+  int warps = 0;              // head-packing and mma.sync kernels: warps per CTA, 16 query rows each; 0 for wgmma
+  bool packs_heads = false;   // CTAs own packed_heads(group, warps) query heads (else one)
   int min_arch;
   std::vector<std::string> features;
   int block_rows_d64 = 0;  // wgmma: query rows per CTA at head_dim 64, and at 128; two threads per row

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 
 #include "attention/params.h"
-#include "kiln/error.hpp"
-#include "kiln/author.hpp"
 #include "jit/operator_call.hpp"
+#include "kiln/author.hpp"
+#include "kiln/error.hpp"
 #include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
@@ -29,8 +29,7 @@ void validate(const MhaDecodeArgs& a) {
   check_optional_tensor(a.lse, {"lse", 2, {DType::kF32}, 4});
   check_optional_tensor(a.sinks, {"sinks", 1, {DType::kF32}, 4});
   if (a.q.device == kHostDevice) invalid_argument("q: must be in device memory, got host memory");
-  for (auto [t, name] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"},
-                         {&a.out, "out"}, {&a.lse, "lse"}}) {
+  for (auto [t, name] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}, {&a.out, "out"}, {&a.lse, "lse"}}) {
     if (t->defined() && t->device == kHostDevice) {
       invalid_argument(fmt::format("{}: must be in device memory, got host memory", name));
     }
@@ -41,16 +40,15 @@ void validate(const MhaDecodeArgs& a) {
   check_same_device(a.sinks, "sinks", a.q, "q");
 
   if (a.out.dtype != a.q.dtype) {
-    invalid_argument(fmt::format("out: dtype {} must match q's dtype {}", dtype_name(a.out.dtype),
-                                 dtype_name(a.q.dtype)));
+    invalid_argument(fmt::format("out: dtype {} must match q's dtype {}", dtype_name(a.out.dtype), dtype_name(a.q.dtype)));
   }
   if (a.k_cache.dtype != a.v_cache.dtype) {
-    invalid_argument(fmt::format("v_cache: dtype {} must match k_cache's dtype {}",
-                                 dtype_name(a.v_cache.dtype), dtype_name(a.k_cache.dtype)));
+    invalid_argument(
+        fmt::format("v_cache: dtype {} must match k_cache's dtype {}", dtype_name(a.v_cache.dtype), dtype_name(a.k_cache.dtype)));
   }
   if (a.k_cache.dtype != a.q.dtype && a.k_cache.dtype != DType::kF8E4M3) {
-    invalid_argument(fmt::format("k_cache: dtype must be q's dtype {} or e4m3, got {}",
-                                 dtype_name(a.q.dtype), dtype_name(a.k_cache.dtype)));
+    invalid_argument(
+        fmt::format("k_cache: dtype must be q's dtype {} or e4m3, got {}", dtype_name(a.q.dtype), dtype_name(a.k_cache.dtype)));
   }
   if (a.q_len < 1 || a.q_len > 8) invalid_argument(fmt::format("q_len: must be 1..8, got {}", a.q_len));
   const int64_t rows = a.q.size(0), hq = a.q.size(1), d = a.q.size(2);
@@ -79,8 +77,10 @@ void validate(const MhaDecodeArgs& a) {
   if (!std::isfinite(a.softcap) || a.softcap < 0) invalid_argument(fmt::format("softcap: must be >= 0 (0 = none), got {}", a.softcap));
   if (a.window_left < -1) invalid_argument(fmt::format("window_left: must be -1 (none) or >= 0, got {}", a.window_left));
   if (a.k_cache.dtype == DType::kF8E4M3) {
-    if (!(std::isfinite(a.k_scale) && a.k_scale > 0)) invalid_argument(fmt::format("k_scale: must be finite and > 0 for an e4m3 cache, got {}", a.k_scale));
-    if (!(std::isfinite(a.v_scale) && a.v_scale > 0)) invalid_argument(fmt::format("v_scale: must be finite and > 0 for an e4m3 cache, got {}", a.v_scale));
+    if (!(std::isfinite(a.k_scale) && a.k_scale > 0))
+      invalid_argument(fmt::format("k_scale: must be finite and > 0 for an e4m3 cache, got {}", a.k_scale));
+    if (!(std::isfinite(a.v_scale) && a.v_scale > 0))
+      invalid_argument(fmt::format("v_scale: must be finite and > 0 for an e4m3 cache, got {}", a.v_scale));
   }
   // Host-resident metadata can be checked element by element.
   if (a.cache_seqlens.device == kHostDevice && batch > 0) {
@@ -88,7 +88,8 @@ void validate(const MhaDecodeArgs& a) {
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t l = len[b * a.cache_seqlens.stride(0)];
       if (l < 0 || l > max_pages * page_size) {
-        invalid_argument(fmt::format("cache_seqlens[{}] = {} is outside [0, max_pages_per_seq * page_size = {}]", b, l, max_pages * page_size));
+        invalid_argument(
+            fmt::format("cache_seqlens[{}] = {} is outside [0, max_pages_per_seq * page_size = {}]", b, l, max_pages * page_size));
       }
       if (l > 0 && l < a.q_len) {
         invalid_argument(fmt::format("cache_seqlens[{}] = {} is smaller than q_len = {} (the new tokens are in the cache)", b, l, a.q_len));
@@ -148,7 +149,11 @@ void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
   if (a.q.numel() == 0) return;
   detail::OperatorCall call{detail::decode_signature_table().call_key(a),
                             [](const void* x) { return signature_of(*static_cast<const MhaDecodeArgs*>(x)); },
-                            &a, a.q.device, &p, stream, &p.workspace};
+                            &a,
+                            a.q.device,
+                            &p,
+                            stream,
+                            &p.workspace};
   detail::run_operator(call);
 }
 

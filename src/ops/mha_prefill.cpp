@@ -5,9 +5,9 @@
 #include <fmt/format.h>
 
 #include "attention/params.h"
-#include "kiln/error.hpp"
-#include "kiln/author.hpp"
 #include "jit/operator_call.hpp"
+#include "kiln/author.hpp"
+#include "kiln/error.hpp"
 #include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
@@ -21,25 +21,21 @@ using detail::check_tensor;
 using detail::invalid_argument;
 
 // When cu_seqlens live in host memory we can check them fully before launching.
-void check_host_cu_seqlens(const TensorView& cu, const char* name, int64_t total,
-                           int32_t max_seqlen, const char* max_name) {
+void check_host_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int32_t max_seqlen, const char* max_name) {
   if (cu.device != kHostDevice || cu.numel() == 0) return;
   const int* v = static_cast<const int*>(cu.data);
   const int64_t n = cu.size(0);
   if (v[0] != 0) invalid_argument(fmt::format("{}[0] must be 0, got {}", name, v[0]));
   for (int64_t i = 1; i < n; ++i) {
     if (v[i] < v[i - 1]) {
-      invalid_argument(fmt::format("{} must be non-decreasing: [{}] = {} < [{}] = {}", name, i,
-                                   v[i], i - 1, v[i - 1]));
+      invalid_argument(fmt::format("{} must be non-decreasing: [{}] = {} < [{}] = {}", name, i, v[i], i - 1, v[i - 1]));
     }
     if (v[i] - v[i - 1] > max_seqlen) {
-      invalid_argument(fmt::format("{}: sequence {} has length {} > {} = {}", name, i - 1,
-                                   v[i] - v[i - 1], max_name, max_seqlen));
+      invalid_argument(fmt::format("{}: sequence {} has length {} > {} = {}", name, i - 1, v[i] - v[i - 1], max_name, max_seqlen));
     }
   }
   if (v[n - 1] != total) {
-    invalid_argument(fmt::format("{}[{}] must equal the total row count {}, got {}", name, n - 1,
-                                 total, v[n - 1]));
+    invalid_argument(fmt::format("{}[{}] must equal the total row count {}, got {}", name, n - 1, total, v[n - 1]));
   }
 }
 
@@ -68,8 +64,7 @@ void validate(const MhaPrefillArgs& a) {
 
   for (auto [t, name] : {std::pair{&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"}}) {
     if (t->dtype != a.q.dtype) {
-      invalid_argument(fmt::format("{}: dtype {} must match q's dtype {}", name,
-                                   dtype_name(t->dtype), dtype_name(a.q.dtype)));
+      invalid_argument(fmt::format("{}: dtype {} must match q's dtype {}", name, dtype_name(t->dtype), dtype_name(a.q.dtype)));
     }
   }
   const int64_t total_q = a.q.size(0), hq = a.q.size(1), d = a.q.size(2);
@@ -140,7 +135,11 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   p.total_k = static_cast<int>(a.k.size(0));
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{detail::prefill_signature_table().call_key(a),
-                            [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); }, &a, a.q.device, &p, stream};
+                            [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); },
+                            &a,
+                            a.q.device,
+                            &p,
+                            stream};
   detail::run_operator(call);
 }
 

@@ -1,10 +1,10 @@
 // moe_apply: argument validation, the selector's signature, the parameter block.
 #include <fmt/format.h>
 
-#include "kiln/error.hpp"
-#include "kiln/author.hpp"
-#include "moe/params.h"
 #include "jit/operator_call.hpp"
+#include "kiln/author.hpp"
+#include "kiln/error.hpp"
+#include "moe/params.h"
 #include "ops/signature_table.hpp"
 #include "ops/validate.hpp"
 
@@ -29,11 +29,16 @@ void validate(const MoeArgs& a) {
   const int64_t tokens = a.x.size(0), hidden = a.x.size(1);
   check_dim(a.out, "out", 0, tokens, "x's token count T");
   check_dim(a.out, "out", 1, hidden, "x's hidden size H");
-  if (hidden <= 0 || hidden % 8 != 0) invalid_argument(fmt::format("x: hidden size H (dimension 1) must be a positive multiple of 8, got {}", hidden));
+  if (hidden <= 0 || hidden % 8 != 0)
+    invalid_argument(fmt::format("x: hidden size H (dimension 1) must be a positive multiple of 8, got {}", hidden));
 
-  if (static_cast<int>(a.routing) < 0 || static_cast<int>(a.routing) > 1) invalid_argument(fmt::format("routing: must be 0 (top-k then softmax) or 1 (softmax then top-k), got {}", static_cast<int>(a.routing)));
-  if (static_cast<int>(a.activation) < 0 || static_cast<int>(a.activation) > 1) invalid_argument(fmt::format("activation: must be 0 (SiLU-GLU) or 1 (clamped SwiGLU), got {}", static_cast<int>(a.activation)));
-  if (static_cast<int>(a.gate_up_layout) < 0 || static_cast<int>(a.gate_up_layout) > 1) invalid_argument(fmt::format("gate_up_layout: must be 0 (concatenated) or 1 (interleaved), got {}", static_cast<int>(a.gate_up_layout)));
+  if (static_cast<int>(a.routing) < 0 || static_cast<int>(a.routing) > 1)
+    invalid_argument(fmt::format("routing: must be 0 (top-k then softmax) or 1 (softmax then top-k), got {}", static_cast<int>(a.routing)));
+  if (static_cast<int>(a.activation) < 0 || static_cast<int>(a.activation) > 1)
+    invalid_argument(fmt::format("activation: must be 0 (SiLU-GLU) or 1 (clamped SwiGLU), got {}", static_cast<int>(a.activation)));
+  if (static_cast<int>(a.gate_up_layout) < 0 || static_cast<int>(a.gate_up_layout) > 1)
+    invalid_argument(
+        fmt::format("gate_up_layout: must be 0 (concatenated) or 1 (interleaved), got {}", static_cast<int>(a.gate_up_layout)));
 
   // Weights decide E and I.
   // w2 in w13's format: prepared MXFP4 weights (moe_prepare_weights) both prepared.
@@ -43,7 +48,8 @@ void validate(const MoeArgs& a) {
   check_tensor(a.w2, {"w2", 3, {a.w13.dtype}});
   const int64_t experts = a.w13.size(0);
   if (experts <= 0) invalid_argument("w13: expert count E (dimension 0) must be positive");
-  if (a.w13.size(1) <= 0 || a.w13.size(1) % 2 != 0) invalid_argument(fmt::format("w13: dimension 1 must be 2 * I (gate and up), got {}", a.w13.size(1)));
+  if (a.w13.size(1) <= 0 || a.w13.size(1) % 2 != 0)
+    invalid_argument(fmt::format("w13: dimension 1 must be 2 * I (gate and up), got {}", a.w13.size(1)));
   const int64_t inter = a.w13.size(1) / 2;
   const int64_t pack = mxfp4 ? 2 : 1;  // fp4 values per stored element
   check_dim(a.w13, "w13", 2, hidden / pack, mxfp4 ? "H / 2 (packed e2m1)" : "x's hidden size H");
@@ -63,7 +69,8 @@ void validate(const MoeArgs& a) {
     check_dim(a.w2_scale, "w2_scale", 2, inter / 32, "I / 32");
   } else {
     check_dim(a.w2, "w2", 2, inter, "w13's intermediate size I");
-    if (a.w13_scale.defined() || a.w2_scale.defined()) invalid_argument("w13_scale/w2_scale: only MXFP4 (e2m1x2) weights take scales; these weights are bf16");
+    if (a.w13_scale.defined() || a.w2_scale.defined())
+      invalid_argument("w13_scale/w2_scale: only MXFP4 (e2m1x2) weights take scales; these weights are bf16");
     if (inter % 8 != 0) invalid_argument(fmt::format("w13: intermediate size I = {} must be a multiple of 8", inter));
   }
   check_optional_tensor(a.w13_bias, {"w13_bias", 2, {DType::kF32, DType::kBF16}, 4});
@@ -103,7 +110,14 @@ void validate(const MoeArgs& a) {
       }
     }
   }
-  for (auto [t, name] : {std::pair{&a.out, "out"}, {&a.w13, "w13"}, {&a.w2, "w2"}, {&a.w13_scale, "w13_scale"}, {&a.w2_scale, "w2_scale"}, {&a.w13_bias, "w13_bias"}, {&a.w2_bias, "w2_bias"}, {&a.router_logits, "router_logits"}}) {
+  for (auto [t, name] : {std::pair{&a.out, "out"},
+                         {&a.w13, "w13"},
+                         {&a.w2, "w2"},
+                         {&a.w13_scale, "w13_scale"},
+                         {&a.w2_scale, "w2_scale"},
+                         {&a.w13_bias, "w13_bias"},
+                         {&a.w2_bias, "w2_bias"},
+                         {&a.router_logits, "router_logits"}}) {
     if (t->defined() && t->device == kHostDevice) invalid_argument(fmt::format("{}: must be in device memory, got host memory", name));
     check_same_device(*t, name, a.x, "x");
   }
@@ -149,7 +163,11 @@ void moe_apply(const MoeArgs& a, Stream stream) {
   p.renormalize = a.renormalize ? 1 : 0;
   if (a.x.numel() == 0) return;
   detail::OperatorCall call{detail::moe_signature_table().call_key(a),
-                            [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); }, &a, a.x.device, &p, stream,
+                            [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); },
+                            &a,
+                            a.x.device,
+                            &p,
+                            stream,
                             &p.workspace};
   detail::run_operator(call);
 }

@@ -68,12 +68,14 @@ void prepare_device_bytes(const TensorView& w, size_t count, Stream stream) {
 TensorView moe_prepare_weights(const TensorView& w, Stream stream) {
   using detail::invalid_argument;
   if (!w.defined()) invalid_argument("weights: a tensor is required");
-  if (w.dtype == DType::kF4E2M1x2Prepared) invalid_argument("weights: already prepared (e2m1x2_prepared); preparing twice would scramble them");
+  if (w.dtype == DType::kF4E2M1x2Prepared)
+    invalid_argument("weights: already prepared (e2m1x2_prepared); preparing twice would scramble them");
   if (w.dtype != DType::kF4E2M1x2) invalid_argument(fmt::format("weights: must be MXFP4 values (e2m1x2), got {}", w.describe()));
   if (w.data == nullptr) invalid_argument("weights: data is null");
   if (!w.is_contiguous()) invalid_argument(fmt::format("weights: must be contiguous, got {}", w.describe()));
   if (w.size(-1) % 16 != 0) {
-    invalid_argument(fmt::format("weights: the last dimension must be a multiple of 16 bytes (32 values, one scale block), got {}", w.size(-1)));
+    invalid_argument(
+        fmt::format("weights: the last dimension must be a multiple of 16 bytes (32 values, one scale block), got {}", w.size(-1)));
   }
   if (reinterpret_cast<uintptr_t>(w.data) % 4 != 0) invalid_argument("weights: data must be 4-byte aligned");
   const size_t count = static_cast<size_t>(w.numel());

@@ -28,12 +28,8 @@ const char* routing_text(int64_t v) {
   if (v < 0) return "precomputed";
   return static_cast<MoeRouting>(v) == MoeRouting::kTopkThenSoftmax ? "topk_softmax" : "softmax_topk";
 }
-const char* activation_text(int64_t v) {
-  return static_cast<MoeActivation>(v) == MoeActivation::kSiluGlu ? "silu_glu" : "swiglu_clamped";
-}
-const char* layout_text(int64_t v) {
-  return static_cast<GateUpLayout>(v) == GateUpLayout::kConcatenated ? "concat" : "interleaved";
-}
+const char* activation_text(int64_t v) { return static_cast<MoeActivation>(v) == MoeActivation::kSiluGlu ? "silu_glu" : "swiglu_clamped"; }
+const char* layout_text(int64_t v) { return static_cast<GateUpLayout>(v) == GateUpLayout::kConcatenated ? "concat" : "interleaved"; }
 
 using Prefill = SignatureField<MhaPrefillArgs>;
 using Decode = SignatureField<MhaDecodeArgs>;
@@ -76,14 +72,12 @@ const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table() {
 
 const SignatureTable<MoeArgs, 13>& moe_signature_table() {
   static const auto table = signature_table<MoeArgs>(
-      {kFamilyMoe, kModeApply},
-      Moe{"dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.x.dtype); }, dtype_text},
+      {kFamilyMoe, kModeApply}, Moe{"dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.x.dtype); }, dtype_text},
       Moe{"weights", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.w13.dtype); }, weights_text},
       Moe{"hidden", kNumber, [](const MoeArgs& a) { return a.x.size(1); }},
       Moe{"inter", kNumber, [](const MoeArgs& a) { return a.w13.size(1) / 2; }},
       Moe{"experts", kNumber, [](const MoeArgs& a) { return a.w13.size(0); }},
-      Moe{"top_k", kNumber, [](const MoeArgs& a) { return int64_t{a.top_k}; }},
-      Moe{"routing", kName, routing_value, routing_text},
+      Moe{"top_k", kNumber, [](const MoeArgs& a) { return int64_t{a.top_k}; }}, Moe{"routing", kName, routing_value, routing_text},
       Moe{"logits", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.router_logits.dtype); }, dtype_text,
           [](const MoeArgs& a) { return a.router_logits.defined(); }},
       Moe{"renormalize", kFlag, [](const MoeArgs& a) { return int64_t{a.renormalize}; }, nullptr,

@@ -10,10 +10,10 @@
 namespace kiln::detail {
 
 struct TensorRule {
-  const char* name;                    // argument name as the caller knows it: "q", "k_cache"
+  const char* name;  // argument name as the caller knows it: "q", "k_cache"
   int rank;
   std::initializer_list<DType> dtypes;
-  size_t alignment = 16;               // bytes, for the data pointer and every outer stride
+  size_t alignment = 16;  // bytes, for the data pointer and every outer stride
 };
 
 // Checks one tensor: present, rank, dtype, non-null data (unless empty), sizes >= 0,
@@ -22,10 +22,8 @@ void check_tensor(const TensorView& t, const TensorRule& rule);
 // Same, for an optional tensor: absent is fine.
 void check_optional_tensor(const TensorView& t, const TensorRule& rule);
 
-void check_dim(const TensorView& t, const char* name, int dim, int64_t expected,
-               const char* expected_what);
-void check_same_device(const TensorView& t, const char* name, const TensorView& ref,
-                       const char* ref_name);
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* expected_what);
+void check_same_device(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name);
 [[noreturn]] void invalid_argument(const std::string& message);
 
 }  // namespace kiln::detail

@@ -8,15 +8,12 @@
 
 namespace kiln::detail {
 
-void invalid_argument(const std::string& message) {
-  throw Error(ErrorCode::kInvalidArgument, message);
-}
+void invalid_argument(const std::string& message) { throw Error(ErrorCode::kInvalidArgument, message); }
 
 void check_tensor(const TensorView& t, const TensorRule& rule) {
   if (!t.defined()) invalid_argument(fmt::format("{}: required tensor is missing", rule.name));
   if (t.ndim != rule.rank) {
-    invalid_argument(fmt::format("{}: expected rank {}, got {} ({})", rule.name, rule.rank, t.ndim,
-                                 t.describe()));
+    invalid_argument(fmt::format("{}: expected rank {}, got {} ({})", rule.name, rule.rank, t.ndim, t.describe()));
   }
   bool dtype_ok = false;
   std::string allowed;
@@ -25,8 +22,7 @@ void check_tensor(const TensorView& t, const TensorRule& rule) {
     allowed += allowed.empty() ? dtype_name(d) : std::string(" or ") + dtype_name(d);
   }
   if (!dtype_ok) {
-    invalid_argument(fmt::format("{}: expected dtype {}, got {}", rule.name, allowed,
-                                 dtype_name(t.dtype)));
+    invalid_argument(fmt::format("{}: expected dtype {}, got {}", rule.name, allowed, dtype_name(t.dtype)));
   }
   int64_t max_offset = 0;
   for (int d = 0; d < t.ndim; ++d) {
@@ -45,24 +41,20 @@ void check_tensor(const TensorView& t, const TensorRule& rule) {
   if (numel == 0) return;  // an empty tensor is never dereferenced
   if (t.data == nullptr) invalid_argument(fmt::format("{}: data pointer is null ({})", rule.name, t.describe()));
   if (t.stride(-1) != 1 && t.size(-1) > 1) {
-    invalid_argument(fmt::format("{}: last dimension must be contiguous (stride 1), got stride {}",
-                                 rule.name, t.stride(-1)));
+    invalid_argument(fmt::format("{}: last dimension must be contiguous (stride 1), got stride {}", rule.name, t.stride(-1)));
   }
   if (max_offset >= std::numeric_limits<int32_t>::max()) {
-    invalid_argument(fmt::format(
-        "{}: largest element offset {} exceeds 32-bit indexing (2^31 - 1); split the call ({})",
-        rule.name, max_offset, t.describe()));
+    invalid_argument(fmt::format("{}: largest element offset {} exceeds 32-bit indexing (2^31 - 1); split the call ({})", rule.name,
+                                 max_offset, t.describe()));
   }
   const size_t elem = dtype_size(t.dtype);
   if (reinterpret_cast<uintptr_t>(t.data) % rule.alignment != 0) {
-    invalid_argument(fmt::format("{}: data pointer {} is not {}-byte aligned", rule.name, t.data,
-                                 rule.alignment));
+    invalid_argument(fmt::format("{}: data pointer {} is not {}-byte aligned", rule.name, t.data, rule.alignment));
   }
   for (int d = 0; d + 1 < t.ndim; ++d) {
     if (t.size(d) > 1 && (static_cast<size_t>(t.stride(d)) * elem) % rule.alignment != 0) {
-      invalid_argument(fmt::format(
-          "{}: stride of dimension {} is {} elements = {} bytes, not a multiple of {} bytes",
-          rule.name, d, t.stride(d), static_cast<size_t>(t.stride(d)) * elem, rule.alignment));
+      invalid_argument(fmt::format("{}: stride of dimension {} is {} elements = {} bytes, not a multiple of {} bytes", rule.name, d,
+                                   t.stride(d), static_cast<size_t>(t.stride(d)) * elem, rule.alignment));
     }
   }
 }
@@ -71,19 +63,16 @@ void check_optional_tensor(const TensorView& t, const TensorRule& rule) {
   if (t.defined()) check_tensor(t, rule);
 }
 
-void check_dim(const TensorView& t, const char* name, int dim, int64_t expected,
-               const char* expected_what) {
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* expected_what) {
   if (t.size(dim) != expected) {
-    invalid_argument(fmt::format("{}: dimension {} must be {} = {}, got {} ({})", name, dim,
-                                 expected_what, expected, t.size(dim), t.describe()));
+    invalid_argument(
+        fmt::format("{}: dimension {} must be {} = {}, got {} ({})", name, dim, expected_what, expected, t.size(dim), t.describe()));
   }
 }
 
-void check_same_device(const TensorView& t, const char* name, const TensorView& ref,
-                       const char* ref_name) {
+void check_same_device(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name) {
   if (t.defined() && t.device != ref.device && t.device != kHostDevice) {
-    invalid_argument(fmt::format("{}: on device {}, but {} is on device {}", name, t.device,
-                                 ref_name, ref.device));
+    invalid_argument(fmt::format("{}: on device {}, but {} is on device {}", name, t.device, ref_name, ref.device));
   }
 }
 

@@ -45,37 +45,61 @@ constexpr size_t kMiB = 1024 * 1024;
 
 const std::vector<KnownTarget>& table() {
   static const std::vector<KnownTarget> targets = {
-      {"sm_80", Vendor::kNvidia, 80, {"mma:mma_sync", "memory:cp_async", "tensor_core:bf16"},
-       108, 163 * kKiB, 40 * kMiB, 32},
-      {"sm_86", Vendor::kNvidia, 86, {"mma:mma_sync", "memory:cp_async", "tensor_core:bf16"},
-       84, 99 * kKiB, 6 * kMiB, 32},
-      {"sm_89", Vendor::kNvidia, 89,
+      {"sm_80", Vendor::kNvidia, 80, {"mma:mma_sync", "memory:cp_async", "tensor_core:bf16"}, 108, 163 * kKiB, 40 * kMiB, 32},
+      {"sm_86", Vendor::kNvidia, 86, {"mma:mma_sync", "memory:cp_async", "tensor_core:bf16"}, 84, 99 * kKiB, 6 * kMiB, 32},
+      {"sm_89",
+       Vendor::kNvidia,
+       89,
        {"mma:mma_sync", "memory:cp_async", "tensor_core:bf16", "tensor_core:fp8"},
-       128, 99 * kKiB, 72 * kMiB, 32},
+       128,
+       99 * kKiB,
+       72 * kMiB,
+       32},
       // sm_90 without the 'a' suffix: no wgmma / setmaxnreg.
-      {"sm_90", Vendor::kNvidia, 90,
-       {"mma:mma_sync", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16",
-        "tensor_core:fp8"},
-       132, 227 * kKiB, 50 * kMiB, 32},
-      {"sm_90a", Vendor::kNvidia, 90,
-       {"mma:mma_sync", "mma:wgmma", "memory:cp_async", "memory:tma", "launch:cluster",
-        "tensor_core:bf16", "tensor_core:fp8", "reg:setmaxnreg"},
-       132, 227 * kKiB, 50 * kMiB, 32},
-      {"sm_100a", Vendor::kNvidia, 100,
-       {"mma:mma_sync", "mma:tcgen05", "memory:cp_async", "memory:tma", "launch:cluster",
-        "tensor_core:bf16", "tensor_core:fp8", "tensor_core:fp4", "reg:setmaxnreg"},
-       148, 227 * kKiB, 126 * kMiB, 32},
-      {"sm_120a", Vendor::kNvidia, 120,
-       {"mma:mma_sync", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16",
-        "tensor_core:fp8", "tensor_core:fp4"},
-       188, 99 * kKiB, 128 * kMiB, 32},
-      {"gfx90a", Vendor::kAmd, 910, {"mma:mfma", "tensor_core:bf16"}, 104, 64 * kKiB,
-       8 * kMiB, 64},
-      {"gfx942", Vendor::kAmd, 942, {"mma:mfma", "tensor_core:bf16", "tensor_core:fp8"}, 304,
-       64 * kKiB, 4 * kMiB, 64},
-      {"gfx950", Vendor::kAmd, 950,
+      {"sm_90",
+       Vendor::kNvidia,
+       90,
+       {"mma:mma_sync", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16", "tensor_core:fp8"},
+       132,
+       227 * kKiB,
+       50 * kMiB,
+       32},
+      {"sm_90a",
+       Vendor::kNvidia,
+       90,
+       {"mma:mma_sync", "mma:wgmma", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16", "tensor_core:fp8",
+        "reg:setmaxnreg"},
+       132,
+       227 * kKiB,
+       50 * kMiB,
+       32},
+      {"sm_100a",
+       Vendor::kNvidia,
+       100,
+       {"mma:mma_sync", "mma:tcgen05", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16", "tensor_core:fp8",
+        "tensor_core:fp4", "reg:setmaxnreg"},
+       148,
+       227 * kKiB,
+       126 * kMiB,
+       32},
+      {"sm_120a",
+       Vendor::kNvidia,
+       120,
+       {"mma:mma_sync", "memory:cp_async", "memory:tma", "launch:cluster", "tensor_core:bf16", "tensor_core:fp8", "tensor_core:fp4"},
+       188,
+       99 * kKiB,
+       128 * kMiB,
+       32},
+      {"gfx90a", Vendor::kAmd, 910, {"mma:mfma", "tensor_core:bf16"}, 104, 64 * kKiB, 8 * kMiB, 64},
+      {"gfx942", Vendor::kAmd, 942, {"mma:mfma", "tensor_core:bf16", "tensor_core:fp8"}, 304, 64 * kKiB, 4 * kMiB, 64},
+      {"gfx950",
+       Vendor::kAmd,
+       950,
        {"mma:mfma", "mma:mfma_f8f6f4", "tensor_core:bf16", "tensor_core:fp8", "tensor_core:fp4"},
-       256, 160 * kKiB, 4 * kMiB, 64},
+       256,
+       160 * kKiB,
+       4 * kMiB,
+       64},
   };
   return targets;
 }
@@ -89,9 +113,8 @@ bool Platform::has_feature(const std::string& feature) const {
 }
 
 std::string Platform::describe() const {
-  return fmt::format("{} {} ({}; {} {}, {} KiB shared memory per block, {} MiB L2, warp {})",
-                     vendor_name(vendor), arch, detected ? device_name : "described, not detected",
-                     multiprocessor_count, traits(vendor).multiprocessors,
+  return fmt::format("{} {} ({}; {} {}, {} KiB shared memory per block, {} MiB L2, warp {})", vendor_name(vendor), arch,
+                     detected ? device_name : "described, not detected", multiprocessor_count, traits(vendor).multiprocessors,
                      shared_memory_per_block / kKiB, l2_bytes / kMiB, warp_size);
 }
 
@@ -120,9 +143,7 @@ Platform platform_for_target(const std::string& arch) {
     p.device_name = "(target " + arch + ")";
     return p;
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("target: unknown arch '{}' (known: {})", arch,
-                          fmt::join(known_targets(), ", ")));
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("target: unknown arch '{}' (known: {})", arch, fmt::join(known_targets(), ", ")));
 }
 
 }  // namespace kiln

@@ -12,8 +12,7 @@ const double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Softmax attention of one query row over explicit keys; writes out[0..d) and returns the lse.
 template <typename KeyAt>
-double attend(const double* q, int n_keys, KeyAt key_at, int d, double scale, double softcap, const double* sink,
-              double* out) {
+double attend(const double* q, int n_keys, KeyAt key_at, int d, double scale, double softcap, const double* sink, double* out) {
   std::vector<double> scores(static_cast<size_t>(n_keys));
   double max_score = sink ? *sink : kNegInf;
   for (int j = 0; j < n_keys; ++j) {

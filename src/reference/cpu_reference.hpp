@@ -25,10 +25,10 @@ struct PrefillProblem {
 AttentionResult prefill_reference(const PrefillProblem& p);
 
 struct DecodeProblem {
-  std::vector<double> q;              // [B * q_len, Hq, D]
+  std::vector<double> q;                 // [B * q_len, Hq, D]
   std::vector<double> k_cache, v_cache;  // [pages, page_size, Hkv, D], dequantized
-  std::vector<int> page_table;        // [B, max_pages]
-  std::vector<int> seqlens;           // [B]
+  std::vector<int> page_table;           // [B, max_pages]
+  std::vector<int> seqlens;              // [B]
   int batch = 0, q_len = 1, hq = 0, hkv = 0, d = 0, page_size = 0, max_pages = 0;
   int window_left = -1;
   std::vector<double> sinks;
@@ -37,18 +37,18 @@ struct DecodeProblem {
 AttentionResult decode_reference(const DecodeProblem& p);
 
 struct MoeProblem {
-  std::vector<double> x;         // [T, H]
-  std::vector<double> logits;    // [T, E] or empty
-  std::vector<int> topk_ids;     // [T, k] when logits is empty
+  std::vector<double> x;       // [T, H]
+  std::vector<double> logits;  // [T, E] or empty
+  std::vector<int> topk_ids;   // [T, k] when logits is empty
   std::vector<double> topk_weights;
-  int routing = 0;               // 0 top-k then softmax, 1 softmax then top-k
+  int routing = 0;  // 0 top-k then softmax, 1 softmax then top-k
   bool renormalize = true;
   std::vector<double> w13;       // [E, 2I, H] decoded
   std::vector<double> w13_bias;  // [E, 2I] or empty
   std::vector<double> w2;        // [E, H, I] decoded
   std::vector<double> w2_bias;   // [E, H] or empty
   int tokens = 0, hidden = 0, inter = 0, experts = 0, top_k = 0;
-  int activation = 0;            // 0 SiLU-GLU, 1 clamped SwiGLU
+  int activation = 0;  // 0 SiLU-GLU, 1 clamped SwiGLU
   bool interleaved = false;
 };
 std::vector<double> moe_apply_reference(const MoeProblem& p);  // [T, H]

@@ -50,8 +50,7 @@ KernelSpec spec_from_plugin(const std::string& path, const kiln_plugin_kernel& k
   spec.mode = field(k.mode, "mode");
   const std::string op_name = operator_name({spec.family, spec.mode});
   if (op_name.find('.') != std::string::npos) {
-    throw plugin_error(path, fmt::format("kernel '{}': family/mode '{}.{}' is no kiln operator",
-                                         spec.name, spec.family, spec.mode));
+    throw plugin_error(path, fmt::format("kernel '{}': family/mode '{}.{}' is no kiln operator", spec.name, spec.family, spec.mode));
   }
   const std::string vendor = field(k.vendor, "vendor");
   if (vendor == "nvidia") {
@@ -61,15 +60,13 @@ KernelSpec spec_from_plugin(const std::string& path, const kiln_plugin_kernel& k
     spec.requirements.vendor = Vendor::kAmd;
     spec.backend = Backend::kHip;
   } else {
-    throw plugin_error(path, fmt::format("kernel '{}': vendor '{}' is not nvidia or amd",
-                                         spec.name, vendor));
+    throw plugin_error(path, fmt::format("kernel '{}': vendor '{}' is not nvidia or amd", spec.name, vendor));
   }
   if (k.min_arch > 0) spec.requirements.min_arch = k.min_arch;
   if (k.max_arch > 0) spec.requirements.max_arch = k.max_arch;
   if (k.features != nullptr) spec.requirements.features = split(k.features, ',');
   if (k.priority < 0 || k.priority > static_cast<int>(Priority::kPlugin)) {
-    throw plugin_error(path, fmt::format("kernel '{}': priority {} is outside 0..4", spec.name,
-                                         k.priority));
+    throw plugin_error(path, fmt::format("kernel '{}': priority {} is outside 0..4", spec.name, k.priority));
   }
   spec.priority = static_cast<Priority>(k.priority);
   spec.specificity = k.specificity;
@@ -89,17 +86,12 @@ KernelSpec spec_from_plugin(const std::string& path, const kiln_plugin_kernel& k
   const std::string kernel_name = spec.name;
   spec.launch_shape = [launch_shape, kernel_name](const void* params, const Platform& platform) {
     LaunchShape shape;
-    if (launch_shape(params, platform.arch.c_str(), shape.grid, shape.block,
-                     &shape.dynamic_shared_bytes) != 0) {
-      throw Error(ErrorCode::kUnsupported,
-                  fmt::format("plugin kernel '{}' declined this call's launch on {}", kernel_name,
-                              platform.arch));
+    if (launch_shape(params, platform.arch.c_str(), shape.grid, shape.block, &shape.dynamic_shared_bytes) != 0) {
+      throw Error(ErrorCode::kUnsupported, fmt::format("plugin kernel '{}' declined this call's launch on {}", kernel_name, platform.arch));
     }
     return shape;
   };
-  spec.specialize = [name_expression](const Signature&, const Platform&) {
-    return Specialization{name_expression, {}};
-  };
+  spec.specialize = [name_expression](const Signature&, const Platform&) { return Specialization{name_expression, {}}; };
   spec.origin = path;
   return spec;
 }
@@ -120,8 +112,8 @@ namespace detail {
 void register_plugin(const std::string& origin, const kiln_plugin* plugin, Registry& registry) {
   if (plugin == nullptr) throw plugin_error(origin, "kiln_plugin_entry returned NULL");
   if (plugin->abi_version != KILN_PLUGIN_ABI_VERSION) {
-    throw plugin_error(origin, fmt::format("built for plugin ABI version {}, this kiln speaks version {}",
-                                           plugin->abi_version, KILN_PLUGIN_ABI_VERSION));
+    throw plugin_error(
+        origin, fmt::format("built for plugin ABI version {}, this kiln speaks version {}", plugin->abi_version, KILN_PLUGIN_ABI_VERSION));
   }
   if (plugin->num_kernels > 0 && plugin->kernels == nullptr) throw plugin_error(origin, "num_kernels > 0 but kernels is NULL");
   // Convert and check every kernel before registering any, so a bad plugin adds nothing.
@@ -157,8 +149,8 @@ void load_plugin(const std::string& path) {
     if (entry == nullptr) throw plugin_error(path, "does not export kiln_plugin_entry");
     const kiln_plugin* plugin = entry();
     detail::register_plugin(path, plugin, detail::registry_instance());
-    log(LogLevel::kInfo, fmt::format("loaded plugin '{}' from {} ({} kernels)", plugin->name ? plugin->name : "?", path,
-                                     plugin->num_kernels));
+    log(LogLevel::kInfo,
+        fmt::format("loaded plugin '{}' from {} ({} kernels)", plugin->name ? plugin->name : "?", path, plugin->num_kernels));
   } catch (...) {
     dlclose(handle);  // nothing of it was registered
     throw;

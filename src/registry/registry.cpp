@@ -19,8 +19,7 @@ namespace {
 
 std::string override_env_name(const OperatorId& op) {
   std::string name = "KILN_OVERRIDE_" + op.family + "_" + op.mode;
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   return name;
 }
 
@@ -28,8 +27,7 @@ std::string override_env_name(const OperatorId& op) {
 std::optional<std::string> platform_refusal(const KernelSpec& spec, const Platform& p) {
   const Requirements& r = spec.requirements;
   if (r.vendor != p.vendor) {
-    return fmt::format("needs an {} GPU; target {} is {}", r.vendor == Vendor::kNvidia ? "NVIDIA" : "AMD", p.arch,
-                       vendor_name(p.vendor));
+    return fmt::format("needs an {} GPU; target {} is {}", r.vendor == Vendor::kNvidia ? "NVIDIA" : "AMD", p.arch, vendor_name(p.vendor));
   }
   if (p.arch_version < r.min_arch) {
     return fmt::format("needs arch version >= {}; {} is {}", r.min_arch, p.arch, p.arch_version);
@@ -91,14 +89,11 @@ Registry& Registry::global() {
   return r;
 }
 
-detail::KernelRegistrar::KernelRegistrar(KernelSpec (*make)()) {
-  detail::registry_instance().add(make());
-}
+detail::KernelRegistrar::KernelRegistrar(KernelSpec (*make)()) { detail::registry_instance().add(make()); }
 
 void Registry::add(KernelSpec spec) {
   auto incomplete = [&](const char* what) {
-    return Error(ErrorCode::kInvalidArgument,
-                 fmt::format("kernel '{}' (from {}): {} is missing", spec.name, spec.origin, what));
+    return Error(ErrorCode::kInvalidArgument, fmt::format("kernel '{}' (from {}): {} is missing", spec.name, spec.origin, what));
   };
   if (spec.name.empty()) throw incomplete("name");
   if (spec.family.empty() || spec.mode.empty()) throw incomplete("family or mode");
@@ -110,8 +105,7 @@ void Registry::add(KernelSpec spec) {
   for (const auto& k : state_->kernels) {
     if (k->name == spec.name) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("kernel '{}' (from {}) is already registered (from {})", spec.name,
-                              spec.origin, k->origin));
+                  fmt::format("kernel '{}' (from {}) is already registered (from {})", spec.name, spec.origin, k->origin));
     }
   }
   state_->kernels.push_back(std::make_shared<const KernelSpec>(std::move(spec)));
@@ -168,8 +162,7 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
   const std::string env_name = override_env_name(sig.op());
   if (auto env = detail::env_string(env_name.c_str())) override_name = *env;
 
-  std::sort(kernels.begin(), kernels.end(),
-            [](const auto& a, const auto& b) { return ranks_before(*a, *b); });
+  std::sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) { return ranks_before(*a, *b); });
   std::vector<size_t> eligible;
   for (const auto& k : kernels) {
     if (k->family != sig.op().family || k->mode != sig.op().mode) continue;
@@ -196,16 +189,13 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
   }
 
   if (!override_name.empty()) {
-    auto it = std::find_if(ex.candidates.begin(), ex.candidates.end(),
-                           [&](const auto& c) { return c.kernel == override_name; });
+    auto it = std::find_if(ex.candidates.begin(), ex.candidates.end(), [&](const auto& c) { return c.kernel == override_name; });
     if (it == ex.candidates.end()) {
-      ex.warnings.push_back(fmt::format("override '{}' names no {} kernel", override_name,
-                                        operator_name(sig.op())));
+      ex.warnings.push_back(fmt::format("override '{}' names no {} kernel", override_name, operator_name(sig.op())));
       return ex;
     }
     if (!it->eligible) {
-      ex.warnings.push_back(
-          fmt::format("override '{}' cannot run this call: {}", override_name, it->reason));
+      ex.warnings.push_back(fmt::format("override '{}' cannot run this call: {}", override_name, it->reason));
       return ex;
     }
     it->selected = true;
@@ -223,20 +213,18 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
   ex.selected = best.kernel;
   best.reason = fmt::format("highest rank ({})", priority_name(best.priority));
   auto spec_of = [&](const std::string& name) {
-    return *std::find_if(kernels.begin(), kernels.end(),
-                         [&](const auto& k) { return k->name == name; });
+    return *std::find_if(kernels.begin(), kernels.end(), [&](const auto& k) { return k->name == name; });
   };
   const auto best_spec = spec_of(best.kernel);
   for (size_t n = 1; n < eligible.size(); ++n) {
     CandidateVerdict& c = ex.candidates[eligible[n]];
     const auto spec = spec_of(c.kernel);
     if (spec->priority == best_spec->priority && spec->specificity == best_spec->specificity) {
-      c.reason = fmt::format("eligible; ties with {} on priority and specificity, loses by name",
-                             best.kernel);
-      ex.warnings.push_back(fmt::format(
-          "equal-priority conflict: {} and {} both run this signature at {} with specificity {}; "
-          "chose {} (override to pick the other)",
-          best.kernel, c.kernel, priority_name(spec->priority), spec->specificity, best.kernel));
+      c.reason = fmt::format("eligible; ties with {} on priority and specificity, loses by name", best.kernel);
+      ex.warnings.push_back(
+          fmt::format("equal-priority conflict: {} and {} both run this signature at {} with specificity {}; "
+                      "chose {} (override to pick the other)",
+                      best.kernel, c.kernel, priority_name(spec->priority), spec->specificity, best.kernel));
     } else {
       c.reason = fmt::format("eligible; outranked by {}", best.kernel);
     }
@@ -247,8 +235,7 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
 std::shared_ptr<const KernelSpec> Registry::select(const Signature& sig, const Platform& platform) {
   const std::string env_name = override_env_name(sig.op());
   const auto env_override = detail::env_string(env_name.c_str());
-  const std::string cache_key = platform.arch + '|' + (env_override ? *env_override : "") + '|' +
-                                sig.canonical();
+  const std::string cache_key = platform.arch + '|' + (env_override ? *env_override : "") + '|' + sig.canonical();
   {
     std::shared_lock lock(state_->mutex);
     auto it = state_->decisions.find(cache_key);
@@ -256,8 +243,7 @@ std::shared_ptr<const KernelSpec> Registry::select(const Signature& sig, const P
   }
   Explanation ex = explain(sig, platform);
   if (!ex.selected) {
-    throw Error(ErrorCode::kNoKernel,
-                fmt::format("no kernel for {} on {}\n{}", ex.signature, ex.target, ex.to_text()));
+    throw Error(ErrorCode::kNoKernel, fmt::format("no kernel for {} on {}\n{}", ex.signature, ex.target, ex.to_text()));
   }
   for (const auto& w : ex.warnings) log(LogLevel::kWarn, w);
   auto spec = find(*ex.selected);
@@ -269,8 +255,8 @@ std::shared_ptr<const KernelSpec> Registry::select(const Signature& sig, const P
 std::string Explanation::to_text() const {
   std::string out = fmt::format("signature {}\ntarget    {}\n", signature, target);
   for (const auto& c : candidates) {
-    out += fmt::format("  {} {:<44} {:<11} {}\n", c.selected ? "*" : (c.eligible ? "+" : "-"),
-                       c.kernel, priority_name(c.priority), c.reason);
+    out +=
+        fmt::format("  {} {:<44} {:<11} {}\n", c.selected ? "*" : (c.eligible ? "+" : "-"), c.kernel, priority_name(c.priority), c.reason);
   }
   if (candidates.empty()) out += "  (no kernel of this operator is registered)\n";
   for (const auto& w : warnings) out += "  warning: " + w + "\n";

@@ -29,8 +29,7 @@ bool valid_key(const std::string& key) {
 bool valid_value(const std::string& value) {
   if (value.empty()) return false;
   for (char c : value) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.' || c == '+';
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.' || c == '+';
     if (!ok) return false;
   }
   return true;
@@ -43,8 +42,7 @@ OperatorId operator_from_name(const std::string& op) {
     if (op == o.name) return {o.family, o.mode};
   }
   throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("operator: unknown operator '{}' (expected one of {})", op,
-                          fmt::join(operator_names(), ", ")));
+              fmt::format("operator: unknown operator '{}' (expected one of {})", op, fmt::join(operator_names(), ", ")));
 }
 
 std::string operator_name(const OperatorId& id) {
@@ -62,27 +60,22 @@ std::vector<std::string> operator_names() {
 
 Signature& Signature::set(const std::string& key, const std::string& value) {
   if (!valid_key(key)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("signature: key '{}' must be non-empty [a-z0-9_]", key));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("signature: key '{}' must be non-empty [a-z0-9_]", key));
   }
   if (!valid_value(value)) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("signature: value '{}' of key '{}' must be non-empty [A-Za-z0-9_.+-]",
-                            value, key));
+                fmt::format("signature: value '{}' of key '{}' must be non-empty [A-Za-z0-9_.+-]", value, key));
   }
   fields_[key] = value;
   return *this;
 }
 
-Signature& Signature::set(const std::string& key, int64_t value) {
-  return set(key, std::to_string(value));
-}
+Signature& Signature::set(const std::string& key, int64_t value) { return set(key, std::to_string(value)); }
 
 const std::string& Signature::get(const std::string& key) const {
   auto it = fields_.find(key);
   if (it == fields_.end()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("signature {}: missing key '{}'", canonical(), key));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("signature {}: missing key '{}'", canonical(), key));
   }
   return it->second;
 }
@@ -97,8 +90,7 @@ int64_t Signature::get_int(const std::string& key) const {
     used = 0;
   }
   if (used != text.size() || used == 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("signature: key '{}' = '{}' is not an integer", key, text));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("signature: key '{}' = '{}' is not an integer", key, text));
   }
   return value;
 }
@@ -107,8 +99,7 @@ bool Signature::get_flag(const std::string& key) const {
   const std::string& text = get(key);
   if (text == "1" || text == "true") return true;
   if (text == "0" || text == "false") return false;
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("signature: key '{}' = '{}' is not a flag (0 or 1)", key, text));
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("signature: key '{}' = '{}' is not a flag (0 or 1)", key, text));
 }
 
 std::string Signature::canonical() const {
@@ -132,13 +123,11 @@ Signature Signature::parse(const OperatorId& op, const std::string& text) {
     std::string pair = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t eq = pair.find('=');
     if (eq == std::string::npos) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("signature: '{}' is not key=value (in '{}')", pair, text));
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("signature: '{}' is not key=value (in '{}')", pair, text));
     }
     std::string key = pair.substr(0, eq);
     if (sig.has(key)) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("signature: key '{}' given twice (in '{}')", key, text));
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("signature: key '{}' given twice (in '{}')", key, text));
     }
     sig.set(key, pair.substr(eq + 1));
     if (comma == std::string::npos) break;

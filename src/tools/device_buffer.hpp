@@ -65,7 +65,6 @@ class Event {
   void* event_ = nullptr;
 };
 
-
 // Random values of a 16-bit float type, normal with deviation `scale`; `values` receives what the
 // bits decode to, so the reference computes on exactly what the kernel reads.
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale);

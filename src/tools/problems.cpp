@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "kiln/error.hpp"
 #include "kiln/author.hpp"
+#include "kiln/error.hpp"
 #include "moe/mxfp4_prepared.h"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"
@@ -59,8 +59,8 @@ void ShapeArgs::check_all_used(const std::string& op) const {
   }
   for (const auto& [k, v] : used_) known.push_back(k);
   if (!unknown.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, fmt::format("--shape: unknown key(s) {} for {} (known: {})", fmt::join(unknown, ", "), op,
-                                                         fmt::join(known, ", ")));
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("--shape: unknown key(s) {} for {} (known: {})", fmt::join(unknown, ", "), op, fmt::join(known, ", ")));
   }
 }
 
@@ -172,7 +172,7 @@ class PrefillProblem : public Problem {
     if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
     h.softcap = softcap_;
     h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
-    Set s{DeviceBuffer::from(q), DeviceBuffer::from(k), DeviceBuffer::from(v), DeviceBuffer(q.size() * 2),
+    Set s{DeviceBuffer::from(q),      DeviceBuffer::from(k),      DeviceBuffer::from(v),     DeviceBuffer(q.size() * 2),
           DeviceBuffer::from(h.cu_q), DeviceBuffer::from(h.cu_k), DeviceBuffer::from(sinks), {}};
     auto& a = s.args;
     const int64_t total_q = batch_ * seqlen_q_, total_k = batch_ * seqlen_k_;
@@ -299,8 +299,14 @@ class DecodeProblem : public Problem {
     }
     std::vector<float> sinks(static_cast<size_t>(hq_), 0.5f);
     if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
-    Set s{DeviceBuffer::from(q), fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16), fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
-          DeviceBuffer::from(h.page_table), DeviceBuffer::from(h.seqlens), DeviceBuffer(q.size() * 2), DeviceBuffer::from(sinks), {}};
+    Set s{DeviceBuffer::from(q),
+          fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16),
+          fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
+          DeviceBuffer::from(h.page_table),
+          DeviceBuffer::from(h.seqlens),
+          DeviceBuffer(q.size() * 2),
+          DeviceBuffer::from(sinks),
+          {}};
     auto& a = s.args;
     const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
     a.q = view(s.q, dtype_, {batch_ * q_len_, hq_, d_});
@@ -343,13 +349,16 @@ class MoeProblem : public Problem {
     routing_ = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : routing == "precomputed" ? 2 : -1;
     if (routing_ < 0) throw Error(ErrorCode::kInvalidArgument, "--shape: routing must be topk_softmax, softmax_topk or precomputed");
     const std::string act = s.text("activation", "swiglu_clamped");
-    if (act != "silu_glu" && act != "swiglu_clamped") throw Error(ErrorCode::kInvalidArgument, "--shape: activation must be silu_glu or swiglu_clamped");
+    if (act != "silu_glu" && act != "swiglu_clamped")
+      throw Error(ErrorCode::kInvalidArgument, "--shape: activation must be silu_glu or swiglu_clamped");
     swiglu_ = act == "swiglu_clamped";
     const std::string layout = s.text("layout", "interleaved");
-    if (layout != "concat" && layout != "interleaved") throw Error(ErrorCode::kInvalidArgument, "--shape: layout must be concat or interleaved");
+    if (layout != "concat" && layout != "interleaved")
+      throw Error(ErrorCode::kInvalidArgument, "--shape: layout must be concat or interleaved");
     interleaved_ = layout == "interleaved";
     const std::string bias = s.text("bias", "f32");
-    if (bias != "none" && bias != "f32" && bias != "bf16") throw Error(ErrorCode::kInvalidArgument, "--shape: bias must be none, f32 or bf16");
+    if (bias != "none" && bias != "f32" && bias != "bf16")
+      throw Error(ErrorCode::kInvalidArgument, "--shape: bias must be none, f32 or bf16");
     bias_ = bias != "none";
     bias_bf16_ = bias == "bf16";
     const std::string logits = s.text("logits", "f32");
@@ -373,7 +382,8 @@ class MoeProblem : public Problem {
   std::vector<double> cpu_reference() const override {
     reference::MoeProblem h = host_;
     const Set& s = sets_.front();
-    const size_t w13_elems = static_cast<size_t>(experts_ * 2 * inter_ * hidden_), w2_elems = static_cast<size_t>(experts_ * hidden_ * inter_);
+    const size_t w13_elems = static_cast<size_t>(experts_ * 2 * inter_ * hidden_),
+                 w2_elems = static_cast<size_t>(experts_ * hidden_ * inter_);
     if (mxfp4_) {
       h.w13 = decode_mxfp4(standard_mxfp4(s.w13.to_host<uint8_t>(w13_elems / 2)), s.w13_scale.to_host<uint8_t>(w13_elems / 32));
       h.w2 = decode_mxfp4(standard_mxfp4(s.w2.to_host<uint8_t>(w2_elems / 2)), s.w2_scale.to_host<uint8_t>(w2_elems / 32));
@@ -447,7 +457,8 @@ class MoeProblem : public Problem {
       random_mxfp4(rng, E * H, I, w2p, s2);
       if (prepared_) {  // as an engine would: on the host copy, before upload
         for (auto* bytes : {&w13p, &w2p}) {
-          moe_prepare_weights(TensorView::contiguous(bytes->data(), DType::kF4E2M1x2, {static_cast<int64_t>(bytes->size())}, kHostDevice), nullptr);
+          moe_prepare_weights(TensorView::contiguous(bytes->data(), DType::kF4E2M1x2, {static_cast<int64_t>(bytes->size())}, kHostDevice),
+                              nullptr);
         }
       }
     } else if (first) {
@@ -476,11 +487,18 @@ class MoeProblem : public Problem {
     if (logits_bf16_) {
       for (float f : logits) logits_bits.push_back(float_to_bf16(f));
     }
-    Set s{DeviceBuffer::from(x), DeviceBuffer(T * H * 2), logits_bf16_ ? DeviceBuffer::from(logits_bits) : DeviceBuffer::from(logits),
-          DeviceBuffer::from(ids), DeviceBuffer::from(weights), mxfp4_ ? DeviceBuffer::from(w13p) : DeviceBuffer::from(w13),
-          DeviceBuffer::from(s13), bias_bf16_ ? DeviceBuffer::from(b13_bits) : DeviceBuffer::from(b13),
-          mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2), DeviceBuffer::from(s2),
-          bias_bf16_ ? DeviceBuffer::from(b2_bits) : DeviceBuffer::from(b2), {}};
+    Set s{DeviceBuffer::from(x),
+          DeviceBuffer(T * H * 2),
+          logits_bf16_ ? DeviceBuffer::from(logits_bits) : DeviceBuffer::from(logits),
+          DeviceBuffer::from(ids),
+          DeviceBuffer::from(weights),
+          mxfp4_ ? DeviceBuffer::from(w13p) : DeviceBuffer::from(w13),
+          DeviceBuffer::from(s13),
+          bias_bf16_ ? DeviceBuffer::from(b13_bits) : DeviceBuffer::from(b13),
+          mxfp4_ ? DeviceBuffer::from(w2p) : DeviceBuffer::from(w2),
+          DeviceBuffer::from(s2),
+          bias_bf16_ ? DeviceBuffer::from(b2_bits) : DeviceBuffer::from(b2),
+          {}};
     auto& a = s.args;
     const Set& owner = first ? s : sets_.front();
     const auto t64 = tokens_, h64 = hidden_, i64 = inter_, e64 = experts_;
@@ -560,9 +578,10 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
                        get("sinks"), get("softcap") == "1" ? 30 : 0);
   }
   if (op == "mha_decode_with_kvcache") {
-    return fmt::format("batch={},context=1000,heads_kv=2,heads_q={},head_dim={},dtype={},kv_dtype={},page_size={},q_len={},window={},sinks={}",
-                       batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("q_len"),
-                       get("window") == "1" ? 100 : -1, get("sinks"));
+    return fmt::format(
+        "batch={},context=1000,heads_kv=2,heads_q={},head_dim={},dtype={},kv_dtype={},page_size={},q_len={},window={},sinks={}",
+        batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("q_len"),
+        get("window") == "1" ? 100 : -1, get("sinks"));
   }
   std::string shape = fmt::format("tokens={},hidden={},inter={},experts={},top_k={},weights={},routing={},activation={},layout={},bias={}",
                                   batch_or_tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"),

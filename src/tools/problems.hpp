@@ -42,11 +42,11 @@ class Problem {
   // Adds input sets until there are `count` (each drawn from its own seed).
   virtual void ensure_sets(int count) = 0;
   virtual int sets() const = 0;
-  virtual void run(int set) = 0;  // the operator, on the default stream
+  virtual void run(int set) = 0;     // the operator, on the default stream
   virtual void poison(int set) = 0;  // every output byte 0xFF (NaN for floats)
   virtual std::vector<double> output(int set) const = 0;
   virtual std::vector<double> cpu_reference() const = 0;  // float64, input set 0
-  virtual double cpu_cost() const = 0;  // multiply-adds of the CPU reference
+  virtual double cpu_cost() const = 0;                    // multiply-adds of the CPU reference
   virtual Work work() const = 0;
   virtual Signature signature() const = 0;
   virtual size_t bytes_per_set() const = 0;

@@ -38,7 +38,8 @@ CaptureState& state() {
 nlohmann::json signature_json(const Signature& sig) {
   nlohmann::json fields = nlohmann::json::object();
   for (const auto& [k, v] : sig.fields()) {
-    const bool number = !v.empty() && v.size() < 18 && std::all_of(v.begin(), v.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    const bool number =
+        !v.empty() && v.size() < 18 && std::all_of(v.begin(), v.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     fields[k] = number ? nlohmann::json(std::stoll(v)) : nlohmann::json(v);
   }
   return {{"op", operator_name(sig.op())}, {"signature", fields}};
@@ -63,8 +64,10 @@ void append(const std::string& path, const Signature& sig) {
       }
     }
     if (doc.is_null()) {
-      doc = {{"kiln_manifest", kManifestFormatVersion}, {"model", "captured"},
-             {"description", "Signatures captured from running processes (KILN_CAPTURE)."}, {"operators", nlohmann::json::array()}};
+      doc = {{"kiln_manifest", kManifestFormatVersion},
+             {"model", "captured"},
+             {"description", "Signatures captured from running processes (KILN_CAPTURE)."},
+             {"operators", nlohmann::json::array()}};
     }
     const nlohmann::json entry = signature_json(sig);
     bool present = false;

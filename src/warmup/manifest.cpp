@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/embedded_file.hpp"
-#include "kiln/error.hpp"
 #include "kiln/author.hpp"
+#include "kiln/error.hpp"
 #include "kiln/warmup.hpp"
 
 namespace kiln {
@@ -200,14 +200,18 @@ class ManifestParser {
     const json& sig = entry["signature"];
     const SignatureKeys keys = signature_keys(op);
     for (const auto& k : keys.required) {
-      if (!sig.contains(k)) fail(path + ".signature", fmt::format("missing key '{}' (an {} signature has {})", k, op_name, fmt::join(keys.required, ", ")));
+      if (!sig.contains(k))
+        fail(path + ".signature", fmt::format("missing key '{}' (an {} signature has {})", k, op_name, fmt::join(keys.required, ", ")));
     }
     // Each key's values; arrays expand to every combination.
     std::vector<std::pair<std::string, std::vector<std::string>>> choices;
     for (const auto& [k, v] : sig.items()) {
       const std::string field = path + ".signature." + k;
-      const bool known = std::count(keys.required.begin(), keys.required.end(), k) + std::count(keys.optional.begin(), keys.optional.end(), k);
-      if (!known) fail(field, fmt::format("unknown key for {} (known: {}{}{})", op_name, fmt::join(keys.required, ", "), keys.optional.empty() ? "" : ", ", fmt::join(keys.optional, ", ")));
+      const bool known =
+          std::count(keys.required.begin(), keys.required.end(), k) + std::count(keys.optional.begin(), keys.optional.end(), k);
+      if (!known)
+        fail(field, fmt::format("unknown key for {} (known: {}{}{})", op_name, fmt::join(keys.required, ", "),
+                                keys.optional.empty() ? "" : ", ", fmt::join(keys.optional, ", ")));
       std::vector<std::string> values;
       if (v.is_array()) {
         if (v.empty()) fail(field, "an array of values must not be empty");

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "kiln/error.hpp"
-#include "kiln/platform.hpp"
 #include "kiln/jit.hpp"
+#include "kiln/platform.hpp"
 #include "kiln/warmup.hpp"
 
 namespace kiln {
@@ -25,7 +25,8 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
     }
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t jobs = std::min<size_t>(options.jobs > 0 ? static_cast<size_t>(options.jobs) : cores, std::max<size_t>(report.items.size(), 1));
+  const size_t jobs =
+      std::min<size_t>(options.jobs > 0 ? static_cast<size_t>(options.jobs) : cores, std::max<size_t>(report.items.size(), 1));
   const auto start = std::chrono::steady_clock::now();
   std::mutex mutex;  // guards progress and the callback
   WarmupProgress progress;
@@ -47,8 +48,8 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
           item.kernel = k.kernel;
           item.bytes = k.binary.size();
           item.status = k.origin == "compiled" ? WarmupItem::Status::kCompiled
-                        : k.origin == "memory"  ? WarmupItem::Status::kShared
-                                                : WarmupItem::Status::kCached;
+                        : k.origin == "memory" ? WarmupItem::Status::kShared
+                                               : WarmupItem::Status::kCached;
         } catch (const Error& e) {
           // A compile cut short by Ctrl-C (the worker got the signal too) is cancelled, not failed.
           const bool interrupted = options.cancel != nullptr && options.cancel->load();
@@ -74,8 +75,14 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
 
   for (const auto& item : report.items) {
     switch (item.status) {
-      case WarmupItem::Status::kCompiled: ++report.compiled; report.bytes += item.bytes; break;
-      case WarmupItem::Status::kCached: ++report.cached; report.bytes += item.bytes; break;
+      case WarmupItem::Status::kCompiled:
+        ++report.compiled;
+        report.bytes += item.bytes;
+        break;
+      case WarmupItem::Status::kCached:
+        ++report.cached;
+        report.bytes += item.bytes;
+        break;
       case WarmupItem::Status::kShared: ++report.shared; break;
       case WarmupItem::Status::kFailed: ++report.failed; break;
       case WarmupItem::Status::kCancelled: ++report.cancelled; break;

@@ -38,8 +38,10 @@ int main() {
     reply = kiln::detail::encode_result(result);
     reply.insert(reply.begin(), kiln::detail::kWorkerOk);
   } catch (const kiln::Error& e) {
-    nlohmann::json j = {{"code", static_cast<int>(e.code())}, {"message", e.what()},
-                        {"log", e.compile_log()}, {"options", e.compile_options()},
+    nlohmann::json j = {{"code", static_cast<int>(e.code())},
+                        {"message", e.what()},
+                        {"log", e.compile_log()},
+                        {"options", e.compile_options()},
                         {"target", e.compile_target()}};
     reply = nlohmann::json::to_cbor(j);
     reply.insert(reply.begin(), kiln::detail::kWorkerError);

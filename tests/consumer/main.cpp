@@ -2,8 +2,8 @@
 #include <cstdio>
 
 #include <kiln/kiln.h>
-#include <kiln/kiln.hpp>
 #include <kiln/author.hpp>
+#include <kiln/kiln.hpp>
 
 int main() {
   const auto kernels = kiln::Registry::global().kernels();
@@ -18,7 +18,7 @@ int main() {
   // The C ABI reports a bad call with a status and a message.
   kiln_mha_prefill_args args{};
   const kiln_status status = kiln_mha_prefill(&args, nullptr);
-  std::printf("kiln %s: %zu kernels; selected %s; empty call -> status %d (%s)\n", kiln_version(),
-              kernels.size(), chosen->name.c_str(), static_cast<int>(status), kiln_last_error());
+  std::printf("kiln %s: %zu kernels; selected %s; empty call -> status %d (%s)\n", kiln_version(), kernels.size(), chosen->name.c_str(),
+              static_cast<int>(status), kiln_last_error());
   return status == KILN_ERROR_INVALID_ARGUMENT ? 0 : 1;
 }

@@ -14,8 +14,9 @@
 
 namespace {
 
-const char* const kVariables[] = {"KILN_LOG", "KILN_CACHE_MAX_BYTES", "KILN_COMPILE_ISOLATION", "KILN_COMPILE_TIMEOUT_S",
-                                  "KILN_COMPILE_WORKER", "KILN_CACHE_SEED", "KILN_CACHE_DIR", "KILN_OVERRIDE_ATTENTION_PREFILL"};
+const char* const kVariables[] = {
+    "KILN_LOG",        "KILN_CACHE_MAX_BYTES", "KILN_COMPILE_ISOLATION",         "KILN_COMPILE_TIMEOUT_S", "KILN_COMPILE_WORKER",
+    "KILN_CACHE_SEED", "KILN_CACHE_DIR",       "KILN_OVERRIDE_ATTENTION_PREFILL"};
 
 kiln::KernelSpec kernel(const std::string& name) {
   kiln::KernelSpec k;

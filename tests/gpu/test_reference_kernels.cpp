@@ -121,7 +121,8 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
   mha_prefill(a, nullptr);
   synchronize();
   const std::string what = "prefill d=" + std::to_string(c.d) + " hq/hkv=" + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
-                           " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) + " sinks=" + std::to_string(c.sinks);
+                           " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) +
+                           " sinks=" + std::to_string(c.sinks);
   const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
   EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(total_q * c.hq)), ref.lse, what);
@@ -133,31 +134,184 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
 TEST_F(Gpu, PrefillKernelsMatchFloat64) {
   const std::vector<int> ragged_q = {0, 1, 37, 130}, ragged_k = {5, 1, 70, 130};
   const std::vector<PrefillCase> cases = {
-      {DType::kBF16, 64, 8, 8, ragged_q, ragged_k, true, -1, false, 0},
-      {DType::kBF16, 128, 16, 4, ragged_q, ragged_k, true, -1, true, 0},
-      {DType::kF16, 128, 8, 1, ragged_q, ragged_k, false, -1, false, 0},
-      {DType::kBF16, 64, 32, 2, ragged_q, ragged_k, true, 0, true, 0},     // window 0: only the diagonal
-      {DType::kBF16, 64, 8, 8, ragged_q, ragged_k, true, 16, true, 0},
-      {DType::kBF16, 128, 8, 8, ragged_q, ragged_k, false, 5000, false, 0}, // window larger than any sequence
-      {DType::kBF16, 64, 16, 1, {3, 77}, {9, 45}, true, -1, true, 30.0f},  // fewer keys than queries, softcap
-      {DType::kF16, 256, 4, 4, {33}, {33}, true, 7, false, 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 8,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = true,
+       .window = -1,
+       .sinks = false,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 16,
+       .hkv = 4,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = true,
+       .window = -1,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 128,
+       .hq = 8,
+       .hkv = 1,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = false,
+       .window = -1,
+       .sinks = false,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 32,
+       .hkv = 2,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = true,
+       .window = 0,
+       .sinks = true,
+       .softcap = 0},  // window 0: only the diagonal
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 8,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = true,
+       .window = 16,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 8,
+       .hkv = 8,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = false,
+       .window = 5000,
+       .sinks = false,
+       .softcap = 0},  // window larger than any sequence
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 1,
+       .lens_q = {3, 77},
+       .lens_k = {9, 45},
+       .causal = true,
+       .window = -1,
+       .sinks = true,
+       .softcap = 30.0f},  // fewer keys than queries, softcap
+      {.dtype = DType::kF16,
+       .d = 256,
+       .hq = 4,
+       .hkv = 4,
+       .lens_q = {33},
+       .lens_k = {33},
+       .causal = true,
+       .window = 7,
+       .sinks = false,
+       .softcap = 0},
       // Several 64-row and 64-key blocks: skipped and edge blocks, prefixes, GPT-OSS windows.
-      {DType::kBF16, 64, 64, 8, {1000, 513, 64, 65}, {1000, 513, 64, 65}, true, 128, true, 0},
-      {DType::kF16, 128, 32, 8, {700, 129}, {700, 129}, false, -1, false, 0},
-      {DType::kBF16, 128, 16, 16, {100, 300, 1}, {700, 300, 257}, true, -1, true, 0},
-      {DType::kBF16, 64, 8, 1, {333}, {1200}, false, 200, false, 50.0f},  // window without causal, softcap
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 64,
+       .hkv = 8,
+       .lens_q = {1000, 513, 64, 65},
+       .lens_k = {1000, 513, 64, 65},
+       .causal = true,
+       .window = 128,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .lens_q = {700, 129},
+       .lens_k = {700, 129},
+       .causal = false,
+       .window = -1,
+       .sinks = false,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 16,
+       .hkv = 16,
+       .lens_q = {100, 300, 1},
+       .lens_k = {700, 300, 257},
+       .causal = true,
+       .window = -1,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .lens_q = {333},
+       .lens_k = {1200},
+       .causal = false,
+       .window = 200,
+       .sinks = false,
+       .softcap = 50.0f},  // window without causal, softcap
       // Many 128-row and 128-key blocks at head_dim 128: window tiles skipped, sinks.
-      {DType::kBF16, 128, 8, 2, {1500, 260}, {1500, 260}, true, 300, true, 0},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 8,
+       .hkv = 2,
+       .lens_q = {1500, 260},
+       .lens_k = {1500, 260},
+       .causal = true,
+       .window = 300,
+       .sinks = true,
+       .softcap = 0},
       // The head-packing window kernel: one head per CTA (group 1), four CTAs per KV head
       // (group 16), groups that are not powers of two, fewer queries than keys.
-      {DType::kBF16, 128, 4, 4, {0, 1, 300, 77}, {3, 1, 300, 200}, true, 100, true, 0},
-      {DType::kBF16, 64, 32, 2, {517, 16, 15}, {517, 16, 15}, true, 128, true, 0},
-      {DType::kF16, 64, 12, 2, {129, 260}, {129, 400}, false, 64, false, 0},
-      {DType::kBF16, 128, 6, 1, {250, 33}, {250, 40}, true, 47, true, 20.0f},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 4,
+       .hkv = 4,
+       .lens_q = {0, 1, 300, 77},
+       .lens_k = {3, 1, 300, 200},
+       .causal = true,
+       .window = 100,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 32,
+       .hkv = 2,
+       .lens_q = {517, 16, 15},
+       .lens_k = {517, 16, 15},
+       .causal = true,
+       .window = 128,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 64,
+       .hq = 12,
+       .hkv = 2,
+       .lens_q = {129, 260},
+       .lens_k = {129, 400},
+       .causal = false,
+       .window = 64,
+       .sinks = false,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 6,
+       .hkv = 1,
+       .lens_q = {250, 33},
+       .lens_k = {250, 40},
+       .causal = true,
+       .window = 47,
+       .sinks = true,
+       .softcap = 20.0f},
   };
   const OperatorId prefill{kFamilyAttention, kModePrefill};
-  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.wgmma_window", "attention.prefill.mma", "attention.prefill.mma_window",
-                             "attention.prefill.reference"}) {
+  for (const char* kernel : {"attention.prefill.wgmma", "attention.prefill.wgmma_window", "attention.prefill.mma",
+                             "attention.prefill.mma_window", "attention.prefill.reference"}) {
     Registry::global().set_override(prefill, kernel);
     int ran = 0;
     for (const auto& c : cases) {
@@ -218,7 +372,9 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
       values.resize(cache_elems);
       for (size_t i = 0; i < cache_elems; ++i) {
         uint8_t b;
-        do { b = static_cast<uint8_t>(byte(rng)); } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // finite, |v| <= 7.5
+        do {
+          b = static_cast<uint8_t>(byte(rng));
+        } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // finite, |v| <= 7.5
         bits[i] = b;
         values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
       }
@@ -260,8 +416,8 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   a.v_scale = v_scale;
   for (int i = 0; i < launches; ++i) mha_decode_with_kvcache(a, nullptr);
   synchronize();
-  const std::string what = "decode d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) + " q_len=" +
-                           std::to_string(c.q_len) + " fp8=" + std::to_string(c.fp8) + " window=" + std::to_string(c.window);
+  const std::string what = "decode d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) +
+                           " q_len=" + std::to_string(c.q_len) + " fp8=" + std::to_string(c.fp8) + " window=" + std::to_string(c.window);
   const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
   EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
@@ -273,32 +429,194 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
 // left over are among the cases.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
   const std::vector<DecodeCase> cases = {
-      {DType::kBF16, false, 128, 32, 8, 16, 1, {0, 1, 17, 300}, -1, false},
-      {DType::kF16, false, 64, 8, 1, 64, 1, {64, 65, 1000}, -1, true},
-      {DType::kBF16, false, 128, 16, 2, 32, 4, {4, 40, 129}, -1, false},
-      {DType::kBF16, false, 64, 8, 8, 128, 2, {200, 7, 2}, 31, true},
-      {DType::kBF16, true, 128, 32, 8, 16, 1, {5, 33, 510}, -1, false},
-      {DType::kF16, true, 64, 16, 4, 64, 3, {3, 100}, 10, true},
-      {DType::kBF16, false, 128, 8, 8, 64, 1, {65536, 1}, -1, false},  // 64k context
-      {DType::kBF16, false, 128, 64, 8, 16, 1, {4096, 4000, 1, 0, 333, 4096, 2048, 17}, -1, true},
-      {DType::kF16, false, 64, 32, 8, 32, 2, {3000, 2, 2999}, 100, false},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {0, 1, 17, 300},
+       .window = -1,
+       .sinks = false},
+      {.dtype = DType::kF16,
+       .fp8 = false,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .page_size = 64,
+       .q_len = 1,
+       .seqlens = {64, 65, 1000},
+       .window = -1,
+       .sinks = true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 16,
+       .hkv = 2,
+       .page_size = 32,
+       .q_len = 4,
+       .seqlens = {4, 40, 129},
+       .window = -1,
+       .sinks = false},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 64,
+       .hq = 8,
+       .hkv = 8,
+       .page_size = 128,
+       .q_len = 2,
+       .seqlens = {200, 7, 2},
+       .window = 31,
+       .sinks = true},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {5, 33, 510},
+       .window = -1,
+       .sinks = false},
+      {.dtype = DType::kF16,
+       .fp8 = true,
+       .d = 64,
+       .hq = 16,
+       .hkv = 4,
+       .page_size = 64,
+       .q_len = 3,
+       .seqlens = {3, 100},
+       .window = 10,
+       .sinks = true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 8,
+       .hkv = 8,
+       .page_size = 64,
+       .q_len = 1,
+       .seqlens = {65536, 1},
+       .window = -1,
+       .sinks = false},  // 64k context
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 64,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {4096, 4000, 1, 0, 333, 4096, 2048, 17},
+       .window = -1,
+       .sinks = true},
+      {.dtype = DType::kF16,
+       .fp8 = false,
+       .d = 64,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 32,
+       .q_len = 2,
+       .seqlens = {3000, 2, 2999},
+       .window = 100,
+       .sinks = false},
       // Equal lengths: 16 ranges dealt 5 per sequence, one left over.
-      {DType::kBF16, false, 64, 64, 8, 16, 1, {5000, 5000, 5000}, -1, true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 64,
+       .hq = 64,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {5000, 5000, 5000},
+       .window = -1,
+       .sinks = true},
       // 12 KV heads: 11 ranges (132 SMs / 12) for 2 sequences.
-      {DType::kBF16, false, 64, 24, 12, 16, 1, {3000, 700}, -1, true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 64,
+       .hq = 24,
+       .hkv = 12,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {3000, 700},
+       .window = -1,
+       .sinks = true},
       // Long and ragged with a window that starts mid-tile: every split starts on a 16-token tile.
-      {DType::kBF16, false, 128, 32, 8, 16, 1, {32768, 32001, 5, 31999}, 1000, true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {32768, 32001, 5, 31999},
+       .window = 1000,
+       .sinks = true},
       // 20 x 8 (sequence, KV head) pairs fill an H100/H200: unsplit 4-warp CTAs, three per SM
       // (the cases above run split 8-warp CTAs).
-      {DType::kBF16, false, 128, 32, 8, 16, 1, {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400}, -1, true},
-      {DType::kF16, true, 64, 64, 8, 32, 2, {2, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 2, 99, 400}, 200, false},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400},
+       .window = -1,
+       .sinks = true},
+      {.dtype = DType::kF16,
+       .fp8 = true,
+       .d = 64,
+       .hq = 64,
+       .hkv = 8,
+       .page_size = 32,
+       .q_len = 2,
+       .seqlens = {2, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 2, 99, 400},
+       .window = 200,
+       .sinks = false},
       // e4m3 caches on the fp8 tensor-core kernel: splits, q_len x group = 16, windows, sinks.
-      {DType::kBF16, true, 128, 64, 8, 16, 1, {4096, 1, 0, 333, 2048}, -1, true},
-      {DType::kF16, true, 64, 8, 1, 128, 2, {3000, 64, 1}, 100, false},
-      {DType::kBF16, true, 128, 32, 8, 32, 1, {32768, 5, 20000}, 1000, true},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 128,
+       .hq = 64,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {4096, 1, 0, 333, 2048},
+       .window = -1,
+       .sinks = true},
+      {.dtype = DType::kF16,
+       .fp8 = true,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .page_size = 128,
+       .q_len = 2,
+       .seqlens = {3000, 64, 1},
+       .window = 100,
+       .sinks = false},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 32,
+       .q_len = 1,
+       .seqlens = {32768, 5, 20000},
+       .window = 1000,
+       .sinks = true},
       // An e4m3 cache at head_dim 64 runs two CTAs per SM: 33 ranges (2 x 132 SMs / 8) dealt
       // over a ragged batch.
-      {DType::kBF16, true, 64, 32, 8, 16, 1, {20000, 9000, 17}, -1, true},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 64,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {20000, 9000, 17},
+       .window = -1,
+       .sinks = true},
   };
   const OperatorId decode{kFamilyAttention, kModeDecode};
   for (const char* kernel : {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.reference"}) {
@@ -331,8 +649,9 @@ struct MoeCase {
 };
 
 std::string describe(const MoeCase& c) {
-  return "moe mxfp4=" + std::to_string(c.mxfp4) + " T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.inter) +
-         " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) + " routing=" + std::to_string(c.routing) + " act=" + std::to_string(c.activation) +
+  return "moe mxfp4=" + std::to_string(c.mxfp4) + " T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) +
+         " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
+         " routing=" + std::to_string(c.routing) + " act=" + std::to_string(c.activation) +
          " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias);
 }
 
@@ -388,10 +707,12 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   }
   const std::vector<double> ref = moe_apply_reference(p);
 
-  auto x = DeviceBuffer::from(x_bits), logits = DeviceBuffer::from(logits_f), idb = DeviceBuffer::from(ids), wb = DeviceBuffer::from(weights_f);
+  auto x = DeviceBuffer::from(x_bits), logits = DeviceBuffer::from(logits_f), idb = DeviceBuffer::from(ids),
+       wb = DeviceBuffer::from(weights_f);
   auto w13 = c.mxfp4 ? DeviceBuffer::from(w13_packed) : DeviceBuffer::from(w13_bits);
   auto w2 = c.mxfp4 ? DeviceBuffer::from(w2_packed) : DeviceBuffer::from(w2_bits);
-  auto s13 = DeviceBuffer::from(w13_scale), s2 = DeviceBuffer::from(w2_scale), b13 = DeviceBuffer::from(b13_f), b2 = DeviceBuffer::from(b2_f);
+  auto s13 = DeviceBuffer::from(w13_scale), s2 = DeviceBuffer::from(w2_scale), b13 = DeviceBuffer::from(b13_f),
+       b2 = DeviceBuffer::from(b2_f);
   DeviceBuffer out(T * H * 2 + 16);
   out.fill_bytes(0xFF);
   MoeArgs a;
@@ -451,38 +772,280 @@ void run_moe_case(std::mt19937& rng, const MoeCase& c) {
 
 TEST_F(Gpu, MoeKernelsMatchFloat64) {
   const std::vector<MoeCase> cases = {
-      {false, 5, 64, 96, 8, 2, 0, true, 1, true, true, false},
-      {false, 7, 128, 64, 16, 4, 1, true, 0, false, false, false},
-      {false, 3, 64, 64, 4, 2, 1, false, 0, false, true, false},
-      {false, 3, 72, 40, 8, 2, 0, true, 1, true, true, false},  // H not a multiple of 16 (a half row tile)
-      {false, 9, 64, 32, 8, 2, 2, true, 0, false, false, true},   // all tokens to expert 3
-      {true, 4, 128, 64, 8, 4, 0, true, 1, true, true, false},     // MXFP4, GPT-OSS style
-      {true, 1, 64, 96, 32, 4, 2, true, 0, false, false, false},
-      {false, 64, 256, 128, 8, 2, 0, true, 1, true, true, false},
+      {.mxfp4 = false,
+       .tokens = 5,
+       .hidden = 64,
+       .inter = 96,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 7,
+       .hidden = 128,
+       .inter = 64,
+       .experts = 16,
+       .top_k = 4,
+       .routing = 1,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 3,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 4,
+       .top_k = 2,
+       .routing = 1,
+       .renormalize = false,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 3,
+       .hidden = 72,
+       .inter = 40,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},  // H not a multiple of 16 (a half row tile)
+      {.mxfp4 = false,
+       .tokens = 9,
+       .hidden = 64,
+       .inter = 32,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = true},  // all tokens to expert 3
+      {.mxfp4 = true,
+       .tokens = 4,
+       .hidden = 128,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},  // MXFP4, GPT-OSS style
+      {.mxfp4 = true,
+       .tokens = 1,
+       .hidden = 64,
+       .inter = 96,
+       .experts = 32,
+       .top_k = 4,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 64,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
       // GPT-OSS-120B's hidden and intermediate sizes (fewer experts), one token and three.
-      {true, 1, 2880, 2880, 4, 2, 0, true, 1, true, true, false},
-      {false, 3, 2880, 2880, 4, 2, 0, true, 1, true, true, false},
+      {.mxfp4 = true,
+       .tokens = 1,
+       .hidden = 2880,
+       .inter = 2880,
+       .experts = 4,
+       .top_k = 2,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 3,
+       .hidden = 2880,
+       .inter = 2880,
+       .experts = 4,
+       .top_k = 2,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
       // 128 and 256 experts (4 and 8 router logits per lane), many tokens per expert (chunks).
-      {false, 8, 256, 128, 128, 4, 0, true, 1, true, false, false},
-      {true, 20, 64, 32, 256, 8, 1, false, 0, false, true, false},
+      {.mxfp4 = false,
+       .tokens = 8,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 128,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = false,
+       .all_to_one = false},
+      {.mxfp4 = true,
+       .tokens = 20,
+       .hidden = 64,
+       .inter = 32,
+       .experts = 256,
+       .top_k = 8,
+       .routing = 1,
+       .renormalize = false,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
       // MXFP4 at the most tokens every CTA routes itself (x in its shared memory) and one more.
-      {true, 16, 256, 128, 8, 4, 0, true, 1, true, true, false},
-      {true, 17, 256, 128, 8, 4, 1, true, 0, false, false, false},
-      {false, 300, 128, 64, 8, 2, 1, true, 1, false, true, false},
+      {.mxfp4 = true,
+       .tokens = 16,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = true,
+       .tokens = 17,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 1,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 300,
+       .hidden = 128,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 1,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
       // More chunks (at least 300) than the kernel's chunk-to-expert table holds: found by search.
-      {true, 600, 64, 64, 8, 4, 0, true, 1, true, true, false},
+      {.mxfp4 = true,
+       .tokens = 600,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
       // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I multiples of 64):
       // one expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles
       // with biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them.
       // H = 128 and I = 64 (the T = 300 case above) run one or two K slices a tile.
-      {false, 400, 192, 256, 8, 2, 2, true, 0, false, false, true},
-      {false, 160, 512, 384, 16, 4, 0, true, 1, false, true, false},
-      {false, 4000, 256, 192, 8, 4, 0, true, 1, true, false, false},
-      {false, 400, 128, 128, 8, 2, 2, true, 0, false, false, true},
+      {.mxfp4 = false,
+       .tokens = 400,
+       .hidden = 192,
+       .inter = 256,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = true},
+      {.mxfp4 = false,
+       .tokens = 160,
+       .hidden = 512,
+       .inter = 384,
+       .experts = 16,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 4000,
+       .hidden = 256,
+       .inter = 192,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = false,
+       .all_to_one = false},
+      {.mxfp4 = false,
+       .tokens = 400,
+       .hidden = 128,
+       .inter = 128,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = false,
+       .all_to_one = true},
       // The largest token count, on the grouped GEMMs (bf16) and the streaming phases
       // (MXFP4, standard and prepared).
-      {false, 8192, 256, 128, 16, 4, 0, true, 1, true, true, false},
-      {true, 8192, 256, 128, 16, 4, 1, true, 0, false, true, false},
+      {.mxfp4 = false,
+       .tokens = 8192,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 16,
+       .top_k = 4,
+       .routing = 0,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false},
+      {.mxfp4 = true,
+       .tokens = 8192,
+       .hidden = 256,
+       .inter = 128,
+       .experts = 16,
+       .top_k = 4,
+       .routing = 1,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
   };
   const OperatorId moe{kFamilyMoe, kModeApply};
   // The stream kernel's workspace: counters cleared, the rest 0xFF (it must write before it reads).
@@ -553,7 +1116,8 @@ std::vector<float> moe_single_path(size_t hidden, size_t inter, const Mxfp4Matri
 
 // The exact value of e2m1 code `code` times e8m0 scale `scale` (NaN for 0xFF).
 double mxfp4_value(size_t code, size_t scale) {
-  return scale == 0xFF ? NAN : static_cast<double>(e2m1_to_float(static_cast<uint8_t>(code))) * std::ldexp(1.0, static_cast<int>(scale) - 127);
+  return scale == 0xFF ? NAN
+                       : static_cast<double>(e2m1_to_float(static_cast<uint8_t>(code))) * std::ldexp(1.0, static_cast<int>(scale) - 127);
 }
 constexpr double kBf16Max = 3.3895313892515355e38;
 
@@ -567,7 +1131,9 @@ void expect_every_mxfp4_value(const std::vector<float>& got, size_t outputs, boo
     if (!overflow_checked && !(std::fabs(exact) <= kBf16Max)) continue;
     const float want = std::fabs(exact) > kBf16Max ? std::copysign(INFINITY, exact) : static_cast<float>(exact);
     const bool ok = std::isnan(exact) ? std::isnan(got[h]) : got[h] == want;
-    if (!ok && ++wrong <= 8) ADD_FAILURE() << which << ": e2m1 code " << h % 16 << " x 2^" << static_cast<int>(h / 16) - 127 << " gave " << got[h] << ", want " << want;
+    if (!ok && ++wrong <= 8)
+      ADD_FAILURE() << which << ": e2m1 code " << h % 16 << " x 2^" << static_cast<int>(h / 16) - 127 << " gave " << got[h] << ", want "
+                    << want;
   }
   EXPECT_EQ(wrong, 0) << which << ": " << wrong << " of " << outputs << " values decoded wrongly";
 }
@@ -587,7 +1153,8 @@ TEST_F(Gpu, MoeMxfp4DecodesEveryValueExactly) {
         const size_t H = 4096, I = 4096, x_col = 37;
         Mxfp4Matrix w13(2 * I, H, 127), w2(H, I, 127);
         for (size_t u = 0; u < 256 * 16; ++u) {
-          if (std::fabs(mxfp4_value(u % 16, u / 16)) <= kBf16Max) w13.set(I + u, x_col, static_cast<uint8_t>(u % 16), static_cast<uint8_t>(u / 16));
+          if (std::fabs(mxfp4_value(u % 16, u / 16)) <= kBf16Max)
+            w13.set(I + u, x_col, static_cast<uint8_t>(u % 16), static_cast<uint8_t>(u / 16));
         }
         for (size_t h = 0; h < H; ++h) w2.set(h, h, kOne, 130);
         std::vector<float> bias(2 * I, 0.0f);
@@ -671,9 +1238,9 @@ TEST_F(Gpu, BinaryThatDoesNotLoadIsDroppedAndRebuilt) {
   std::filesystem::create_directories(base);
   ASSERT_EQ(first_call("mha_decode_with_kvcache", dir)["compiles"], 1);
   const std::string other = base + "/sm100.cubin";
-  const std::string cmd = std::string("KILN_CACHE_DIR=") + base + "/scratch " + KILN_TEST_CLI +
-                          " compile mha_decode_with_kvcache --target sm_100a -o " + other +
-                          " --sig dtype=bf16,kv_dtype=bf16,head_dim=64,group=8,page_size=16,q_len=1,window=0,sinks=0,softcap=0,lse=0 > /dev/null";
+  const std::string cmd =
+      std::string("KILN_CACHE_DIR=") + base + "/scratch " + KILN_TEST_CLI + " compile mha_decode_with_kvcache --target sm_100a -o " +
+      other + " --sig dtype=bf16,kv_dtype=bf16,head_dim=64,group=8,page_size=16,q_len=1,window=0,sinks=0,softcap=0,lse=0 > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   const std::string cubin = read_file(other);
   sqlite3* db = nullptr;
@@ -703,10 +1270,13 @@ TEST_F(Gpu, WarmedManifestServesAFreshProcessAndCaptureRecordsItsSignature) {
   const std::string base = testing::TempDir() + "/kiln-warmup-gpu-" + std::to_string(::getpid());
   const std::string dir = base + "/cache";
   std::filesystem::create_directories(base);
-  ASSERT_EQ(std::system((std::string("KILN_CACHE_DIR=") + dir + " " + KILN_TEST_CLI + " warmup --manifest gpt-oss-120b > /dev/null 2>&1").c_str()), 0);
+  ASSERT_EQ(std::system(
+                (std::string("KILN_CACHE_DIR=") + dir + " " + KILN_TEST_CLI + " warmup --manifest gpt-oss-120b > /dev/null 2>&1").c_str()),
+            0);
   for (const char* op : {"mha_prefill", "mha_decode_with_kvcache", "moe_apply"}) {
     const std::string captured = base + "/" + op + ".json";
-    const std::string cmd = "KILN_CAPTURE=" + captured + " KILN_CACHE_DIR=" + dir + " " + KILN_TEST_FIRST_CALL + " " + op + " > " + base + "/out.json";
+    const std::string cmd =
+        "KILN_CAPTURE=" + captured + " KILN_CACHE_DIR=" + dir + " " + KILN_TEST_FIRST_CALL + " " + op + " > " + base + "/out.json";
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     std::ifstream in(base + "/out.json");
     const nlohmann::json report = nlohmann::json::parse(in);
@@ -742,11 +1312,16 @@ TEST_F(Gpu, StressThreadsWithMixedSignatures) {
       std::mt19937 local(static_cast<uint32_t>(1234 + t));
       while (std::chrono::steady_clock::now() < deadline) {
         switch (local() % 5) {
-          case 0: run_prefill(local, {DType::kBF16, 64, 8, 2, {0, 17, 40}, {3, 17, 64}, true, static_cast<int>(local() % 2 ? -1 : 8), true, 0}); break;
+          case 0:
+            run_prefill(local, {DType::kBF16, 64, 8, 2, {0, 17, 40}, {3, 17, 64}, true, static_cast<int>(local() % 2 ? -1 : 8), true, 0});
+            break;
           case 1: run_prefill(local, {DType::kF16, 128, 4, 4, {9}, {9}, false, -1, false, 0}); break;
           case 2: run_decode(local, {DType::kBF16, false, 64, 16, 2, 16, 1, {0, 5, 70}, -1, true}); break;
           case 3: run_decode(local, {DType::kBF16, true, 128, 8, 8, 32, 2, {33, 2}, 4, false}); break;
-          default: run_moe(local, {local() % 2 == 0, 3, 64, 64, 8, 2, static_cast<int>(local() % 3), true, static_cast<int>(local() % 2), true, true, false}); break;
+          default:
+            run_moe(local, {local() % 2 == 0, 3, 64, 64, 8, 2, static_cast<int>(local() % 3), true, static_cast<int>(local() % 2), true,
+                            true, false});
+            break;
         }
         ++launches;
       }
@@ -786,16 +1361,20 @@ TEST_F(Gpu, SplitDecodeGridIsOneWave) {
     const CompiledKernel k = compile_for_target(sig, platform.arch);
     const detail::cuda::LoadedFunction loaded = detail::cuda::load_function(k.binary, k.lowered_name, k.kernel);
     const CUfunction function = loaded.function;
-    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shape.dynamic_shared_bytes));
+    KILN_CU_CALL(cuFuncSetAttribute, function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                 static_cast<int>(shape.dynamic_shared_bytes));
     int per_sm = 0, registers = 0;
-    KILN_CU_CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &per_sm, function, static_cast<int>(shape.block[0]), shape.dynamic_shared_bytes);
+    KILN_CU_CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &per_sm, function, static_cast<int>(shape.block[0]),
+                 shape.dynamic_shared_bytes);
     KILN_CU_CALL(cuFuncGetAttribute, &registers, CU_FUNC_ATTRIBUTE_NUM_REGS, function);
     detail::cuda::unload(loaded);
     const int64_t ctas = int64_t{shape.grid[0]} * shape.grid[1] * shape.grid[2];
     EXPECT_GE(int64_t{per_sm} * platform.multiprocessor_count, ctas)
-        << what << ": " << ctas << " CTAs of " << shape.block[0] << " threads, " << shape.dynamic_shared_bytes << " B dynamic shared memory, "
-        << registers << " registers a thread: " << per_sm << " per SM on " << platform.multiprocessor_count << " SMs";
-    std::printf("%s: %lld CTAs, %d per SM resident (%d registers a thread)\n", what.c_str(), static_cast<long long>(ctas), per_sm, registers);
+        << what << ": " << ctas << " CTAs of " << shape.block[0] << " threads, " << shape.dynamic_shared_bytes
+        << " B dynamic shared memory, " << registers << " registers a thread: " << per_sm << " per SM on " << platform.multiprocessor_count
+        << " SMs";
+    std::printf("%s: %lld CTAs, %d per SM resident (%d registers a thread)\n", what.c_str(), static_cast<long long>(ctas), per_sm,
+                registers);
   }
 }
 

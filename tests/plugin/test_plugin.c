@@ -22,8 +22,7 @@ static int accepts(const char* signature, char* reason, size_t reason_size) {
   return 1;
 }
 
-static int launch_shape(const void* params, const char* target, uint32_t grid[3], uint32_t block[3],
-                        uint32_t* dynamic_shared_bytes) {
+static int launch_shape(const void* params, const char* target, uint32_t grid[3], uint32_t block[3], uint32_t* dynamic_shared_bytes) {
   (void)params;
   (void)target;
   grid[0] = grid[1] = grid[2] = 1;
@@ -40,8 +39,19 @@ static const char kSource[] =
     "}\n";
 
 static const kiln_plugin_kernel kKernels[] = {{
-    "testplugin.attention.prefill.causal64", "attention", "prefill", "nvidia", 80, 0, "", 4, 2,
-    kSource, "testplugin_prefill", accepts, launch_shape,
+    "testplugin.attention.prefill.causal64",
+    "attention",
+    "prefill",
+    "nvidia",
+    80,
+    0,
+    "",
+    4,
+    2,
+    kSource,
+    "testplugin_prefill",
+    accepts,
+    launch_shape,
 }};
 
 static const kiln_plugin kPlugin = {KILN_TEST_PLUGIN_ABI, "kiln test plugin", 1, kKernels};

@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
   }
   const int threads = std::stoi(arg(argc, argv, "--threads", "4"));
   const std::string expect_file = cache + ".expected";
-  if (arg(argc, argv, "--child", "") == "1") return child(expect_file, threads, static_cast<unsigned>(std::stoul(arg(argc, argv, "--seed", "1"))));
+  if (arg(argc, argv, "--child", "") == "1")
+    return child(expect_file, threads, static_cast<unsigned>(std::stoul(arg(argc, argv, "--seed", "1"))));
 
   const int processes = std::stoi(arg(argc, argv, "--processes", "4"));
   const int rounds = std::stoi(arg(argc, argv, "--rounds", "3"));
@@ -133,9 +134,16 @@ int main(int argc, char** argv) {
       posix_spawn_file_actions_addclose(&actions, fds[0]);
       const std::string seed = std::to_string(round * processes + p + 1);
       std::string t = std::to_string(threads);
-      char* child_argv[] = {argv[0], const_cast<char*>("--child"), const_cast<char*>("1"), const_cast<char*>("--cache"),
-                            const_cast<char*>(cache.c_str()), const_cast<char*>("--threads"), t.data(),
-                            const_cast<char*>("--seed"), const_cast<char*>(seed.c_str()), nullptr};
+      char* child_argv[] = {argv[0],
+                            const_cast<char*>("--child"),
+                            const_cast<char*>("1"),
+                            const_cast<char*>("--cache"),
+                            const_cast<char*>(cache.c_str()),
+                            const_cast<char*>("--threads"),
+                            t.data(),
+                            const_cast<char*>("--seed"),
+                            const_cast<char*>(seed.c_str()),
+                            nullptr};
       pid_t pid = 0;
       if (posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, child_argv, environ) != 0) return 1;
       posix_spawn_file_actions_destroy(&actions);
@@ -156,10 +164,10 @@ int main(int argc, char** argv) {
     }
   }
   const CacheVerifyReport verify = cache_verify(false, cache);
-  std::printf("%d rounds x %d processes x %d threads, %zu signatures: %lu compiles, %lu disk hits, %lu evictions, "
-              "%lu lock waits; %d process(es) failed; cache verify: %zu problem(s)\n",
-              rounds, processes, threads, signatures().size(), totals[0], totals[1], totals[2], totals[3], failed,
-              verify.problems.size());
+  std::printf(
+      "%d rounds x %d processes x %d threads, %zu signatures: %lu compiles, %lu disk hits, %lu evictions, "
+      "%lu lock waits; %d process(es) failed; cache verify: %zu problem(s)\n",
+      rounds, processes, threads, signatures().size(), totals[0], totals[1], totals[2], totals[3], failed, verify.problems.size());
   std::remove(expect_file.c_str());
   return failed == 0 && verify.problems.empty() && totals[2] > 0 ? 0 : 1;
 }

@@ -145,8 +145,7 @@ ScopedContext::ScopedContext(Device& dev) : context_(enter_context(dev, &pushed_
 
 ScopedContext::~ScopedContext() { leave_context(pushed_); }
 
-LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name,
-                             const std::string& kernel_name) {
+LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name, const std::string& kernel_name) {
   LoadedFunction f;
   const CUresult loaded = KILN_CU_FN(cuModuleLoadData)(&f.module, cubin.data());
   if (loaded != CUDA_SUCCESS) {
@@ -174,15 +173,17 @@ void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::strin
   const cuuint64_t strides[2] = {map.strides[0], map.strides[1]};
   const cuuint32_t box[3] = {map.box[0], map.box[1], map.box[2]};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult result = KILN_CU_FN(cuTensorMapEncodeTiled)(
-      static_cast<CUtensorMap*>(slot), CU_TENSOR_MAP_DATA_TYPE_UINT16, map.rank, const_cast<void*>(map.base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result =
+      KILN_CU_FN(cuTensorMapEncodeTiled)(static_cast<CUtensorMap*>(slot), CU_TENSOR_MAP_DATA_TYPE_UINT16, map.rank,
+                                         const_cast<void*>(map.base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
-    throw Error(ErrorCode::kDriverError,
-                fmt::format("kernel '{}': cuTensorMapEncodeTiled rejected a rank-{} map of {}x{}x{} elements (strides {}, {} B; box {}x{}x{}) at {}: {}",
-                            kernel_name, map.rank, map.dims[0], map.dims[1], map.dims[2], map.strides[0], map.strides[1], map.box[0],
-                            map.box[1], map.box[2], map.base, describe(result)));
+    throw Error(
+        ErrorCode::kDriverError,
+        fmt::format(
+            "kernel '{}': cuTensorMapEncodeTiled rejected a rank-{} map of {}x{}x{} elements (strides {}, {} B; box {}x{}x{}) at {}: {}",
+            kernel_name, map.rank, map.dims[0], map.dims[1], map.dims[2], map.strides[0], map.strides[1], map.box[0], map.box[1],
+            map.box[2], map.base, describe(result)));
   }
 }
 
@@ -213,17 +214,15 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
   void* args[] = {const_cast<void*>(params)};
   CUresult result;
   if (shape.cluster[0] == 0 && !shape.programmatic_dependent_launch && !shape.cooperative) {
-    result = KILN_CU_FN(cuLaunchKernel)(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
-                                        shape.block[1], shape.block[2], shape.dynamic_shared_bytes,
-                                        static_cast<CUstream>(stream), args, nullptr);
+    result = KILN_CU_FN(cuLaunchKernel)(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1],
+                                        shape.block[2], shape.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
   } else {
     result = launch_with_attributes(function, shape, args, stream);
   }
   if (result != CUDA_SUCCESS) {
-    throw Error(ErrorCode::kDriverError,
-                fmt::format("launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
-                            kernel_name, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
-                            shape.block[1], shape.block[2], shape.dynamic_shared_bytes, describe(result)));
+    throw Error(ErrorCode::kDriverError, fmt::format("launch of kernel '{}' failed (grid {}x{}x{}, block {}x{}x{}, {} B shared): {}",
+                                                     kernel_name, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
+                                                     shape.block[1], shape.block[2], shape.dynamic_shared_bytes, describe(result)));
   }
 }
 

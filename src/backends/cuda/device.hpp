@@ -53,8 +53,7 @@ struct LoadedFunction {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
 };
-LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name,
-                             const std::string& kernel_name);
+LoadedFunction load_function(const std::vector<uint8_t>& cubin, const std::string& lowered_name, const std::string& kernel_name);
 
 void unload(const LoadedFunction& f);
 

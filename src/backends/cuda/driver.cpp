@@ -27,8 +27,7 @@ const OptionalLibrary& driver_library() {
 void* driver_symbol(const char* name) {
   const OptionalLibrary& lib = driver_library();
   if (!lib.library) {
-    throw Error(ErrorCode::kDriverError,
-                fmt::format("{} needs the NVIDIA driver, which is not available: {}", name, lib.failure));
+    throw Error(ErrorCode::kDriverError, fmt::format("{} needs the NVIDIA driver, which is not available: {}", name, lib.failure));
   }
   return lib.library->symbol(name);
 }
@@ -43,13 +42,11 @@ std::string describe(CUresult result) {
     KILN_CU_FN(cuGetErrorString)(result, &text);
   } catch (const Error&) {
   }
-  return fmt::format("{} ({})", name ? name : fmt::format("CUresult {}", static_cast<int>(result)),
-                     text ? text : "no description");
+  return fmt::format("{} ({})", name ? name : fmt::format("CUresult {}", static_cast<int>(result)), text ? text : "no description");
 }
 
 void throw_driver_error(CUresult result, const char* call, const char* file, int line) {
-  throw Error(ErrorCode::kDriverError,
-              fmt::format("{} failed: {} at {}:{}", call, describe(result), file, line));
+  throw Error(ErrorCode::kDriverError, fmt::format("{} failed: {} at {}:{}", call, describe(result), file, line));
 }
 
 }  // namespace kiln::detail::cuda

@@ -24,16 +24,15 @@ std::string describe(CUresult result);
 // stringizing looks up the symbol the header declares.
 #define KILN_CU_STRINGIZE2(x) #x
 #define KILN_CU_STRINGIZE(x) KILN_CU_STRINGIZE2(x)
-#define KILN_CU_FN(fn)                                                                      \
-  ([]() {                                                                                   \
-    static const auto resolved =                                                            \
-        reinterpret_cast<decltype(&fn)>(::kiln::detail::cuda::driver_symbol(KILN_CU_STRINGIZE(fn))); \
-    return resolved;                                                                        \
+#define KILN_CU_FN(fn)                                                                                                        \
+  ([]() {                                                                                                                     \
+    static const auto resolved = reinterpret_cast<decltype(&fn)>(::kiln::detail::cuda::driver_symbol(KILN_CU_STRINGIZE(fn))); \
+    return resolved;                                                                                                          \
   }())
-#define KILN_CU_CALL(fn, ...)                                                               \
-  do {                                                                                      \
-    const CUresult kiln_cu_result_ = KILN_CU_FN(fn)(__VA_ARGS__);                           \
-    if (kiln_cu_result_ != CUDA_SUCCESS) {                                                  \
-      ::kiln::detail::cuda::throw_driver_error(kiln_cu_result_, #fn, __FILE__, __LINE__);   \
-    }                                                                                       \
+#define KILN_CU_CALL(fn, ...)                                                             \
+  do {                                                                                    \
+    const CUresult kiln_cu_result_ = KILN_CU_FN(fn)(__VA_ARGS__);                         \
+    if (kiln_cu_result_ != CUDA_SUCCESS) {                                                \
+      ::kiln::detail::cuda::throw_driver_error(kiln_cu_result_, #fn, __FILE__, __LINE__); \
+    }                                                                                     \
   } while (0)

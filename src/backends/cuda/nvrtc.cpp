@@ -35,21 +35,19 @@ std::vector<std::string> nvrtc_candidates() {
 }
 
 const DynamicLibrary& nvrtc_library() {
-  static const std::unique_ptr<DynamicLibrary> lib =
-      std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", nvrtc_candidates());
+  static const std::unique_ptr<DynamicLibrary> lib = std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", nvrtc_candidates());
   return *lib;
 }
 
-#define KILN_NVRTC_FN(fn)                                                                   \
-  ([]() {                                                                                   \
+#define KILN_NVRTC_FN(fn)                                                                      \
+  ([]() {                                                                                      \
     static const auto resolved = reinterpret_cast<decltype(&fn)>(nvrtc_library().symbol(#fn)); \
-    return resolved;                                                                        \
+    return resolved;                                                                           \
   }())
 
 void check(nvrtcResult result, const char* call) {
   if (result != NVRTC_SUCCESS) {
-    throw Error(ErrorCode::kDriverError,
-                fmt::format("{} failed: {}", call, KILN_NVRTC_FN(nvrtcGetErrorString)(result)));
+    throw Error(ErrorCode::kDriverError, fmt::format("{} failed: {}", call, KILN_NVRTC_FN(nvrtcGetErrorString)(result)));
   }
 }
 #define KILN_NVRTC_CALL(fn, ...) check(KILN_NVRTC_FN(fn)(__VA_ARGS__), #fn)
@@ -63,8 +61,8 @@ class Program {
       header_names.push_back(h.first.c_str());
       header_text.push_back(h.second.c_str());
     }
-    KILN_NVRTC_CALL(nvrtcCreateProgram, &program_, r.source.c_str(), r.source_name.c_str(),
-                    static_cast<int>(header_text.size()), header_text.data(), header_names.data());
+    KILN_NVRTC_CALL(nvrtcCreateProgram, &program_, r.source.c_str(), r.source_name.c_str(), static_cast<int>(header_text.size()),
+                    header_text.data(), header_names.data());
   }
   ~Program() { KILN_NVRTC_FN(nvrtcDestroyProgram)(&program_); }
   Program(const Program&) = delete;
@@ -91,10 +89,10 @@ std::string nvrtc_library_path() { return nvrtc_library().path(); }
 std::optional<std::string> nvrtc_library_fingerprint() {
   for (const auto& candidate : nvrtc_candidates()) {
     if (candidate.find('/') == std::string::npos) return std::nullopt;  // would come from the loader
-    struct stat st{};
+    struct stat st {};
     if (::stat(candidate.c_str(), &st) != 0) continue;
-    return fmt::format("{}|{}|{}|{}", candidate, st.st_size,
-                       static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec, st.st_ino);
+    return fmt::format("{}|{}|{}|{}", candidate, st.st_size, static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+                       st.st_ino);
   }
   return std::nullopt;
 }

@@ -24,16 +24,13 @@ constexpr uint32_t kSrameccMask = 0xc00, kSrameccOff = 0x800, kSrameccOn = 0xc00
 // EF_AMDGPU_MACH values of the targets kiln knows, plus the neighbours a mislabelled binary could
 // carry (from LLVM's ELF.h).
 const std::map<uint32_t, const char*>& mach_names() {
-  static const std::map<uint32_t, const char*> names = {
-      {0x2c, "gfx900"}, {0x2f, "gfx906"}, {0x30, "gfx908"}, {0x3f, "gfx90a"}, {0x40, "gfx940"},
-      {0x4b, "gfx941"}, {0x4c, "gfx942"}, {0x4f, "gfx950"}, {0x36, "gfx1030"}, {0x41, "gfx1100"},
-      {0x4e, "gfx1200"}, {0x4d, "gfx1201"}};
+  static const std::map<uint32_t, const char*> names = {{0x2c, "gfx900"},  {0x2f, "gfx906"},  {0x30, "gfx908"},  {0x3f, "gfx90a"},
+                                                        {0x40, "gfx940"},  {0x4b, "gfx941"},  {0x4c, "gfx942"},  {0x4f, "gfx950"},
+                                                        {0x36, "gfx1030"}, {0x41, "gfx1100"}, {0x4e, "gfx1200"}, {0x4d, "gfx1201"}};
   return names;
 }
 
-[[noreturn]] void malformed(const std::string& why) {
-  throw Error(ErrorCode::kInvalidArgument, "code object: " + why);
-}
+[[noreturn]] void malformed(const std::string& why) { throw Error(ErrorCode::kInvalidArgument, "code object: " + why); }
 
 template <typename T>
 T read(const std::vector<uint8_t>& bytes, uint64_t offset) {
@@ -79,7 +76,11 @@ Feature feature_of(const std::string& target, const std::string& name) {
 }  // namespace
 
 CodeObjectInfo read_code_object(const std::vector<uint8_t>& bytes) {
-  if (bytes.size() < 64 || std::memcmp(bytes.data(), "\x7f" "ELF", 4) != 0) malformed("not an ELF file");
+  if (bytes.size() < 64 || std::memcmp(bytes.data(),
+                                       "\x7f"
+                                       "ELF",
+                                       4) != 0)
+    malformed("not an ELF file");
   if (bytes[4] != 2 || bytes[5] != 1) malformed("not a 64-bit little-endian ELF file");
   const uint16_t machine = read<uint16_t>(bytes, 18);
   if (machine != kMachineAmdgpu) malformed(fmt::format("e_machine {} is not EM_AMDGPU ({})", machine, kMachineAmdgpu));
@@ -141,8 +142,8 @@ std::string find_kernel(const CodeObjectInfo& info, const std::string& name_expr
   std::vector<std::string> names;
   for (const auto& kernel : info.kernels) names.push_back(demangle(kernel));
   throw Error(ErrorCode::kCompileFailed,
-              fmt::format("the code object for {} defines no kernel named '{}' (it defines: {})", info.target,
-                          name_expression, names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, "; "))));
+              fmt::format("the code object for {} defines no kernel named '{}' (it defines: {})", info.target, name_expression,
+                          names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, "; "))));
 }
 
 }  // namespace kiln::detail::hip

@@ -78,10 +78,10 @@ Fn hiprtc_fn(const char* name) {
   if (!lib.library) throw Error(ErrorCode::kDriverError, lib.failure);
   return reinterpret_cast<Fn>(lib.library->symbol(name));
 }
-#define KILN_HIPRTC_FN(type, name)                  \
-  ([]() {                                           \
+#define KILN_HIPRTC_FN(type, name)                      \
+  ([]() {                                               \
     static const auto resolved = hiprtc_fn<type>(name); \
-    return resolved;                                \
+    return resolved;                                    \
   }())
 
 void check(hiprtcResult result, const char* call) {
@@ -107,7 +107,7 @@ class Program {
       text.push_back(h.second.c_str());
     }
     check(KILN_HIPRTC_FN(CreateProgram, "hiprtcCreateProgram")(&program_, r.source.c_str(), r.source_name.c_str(),
-                                                                static_cast<int>(text.size()), text.data(), names.data()),
+                                                               static_cast<int>(text.size()), text.data(), names.data()),
           "hiprtcCreateProgram");
   }
   ~Program() { KILN_HIPRTC_FN(DestroyProgram, "hiprtcDestroyProgram")(&program_); }
@@ -148,11 +148,11 @@ std::optional<std::string> hiprtc_refuses(const std::string& target) {
   }
   const std::string release = lib.release.empty() ? "of unknown release (treated as ROCm 5.0)" : "of ROCm " + lib.release;
   if (wanted == nullptr || std::find(known.begin(), known.end(), base) == known.end()) {
-    return fmt::format("hipRTC {} ({}) does not know target {}{}; kiln does not call it for a target its release "
-                       "predates (ROCm 5's hipRTC aborts on gfx940 and newer). It compiles: {}",
-                       release, lib.file, target,
-                       wanted ? fmt::format(" (needs ROCm {}.{} or newer)", wanted->major, wanted->minor) : "",
-                       known.empty() ? std::string("none of kiln's targets") : fmt::format("{}", fmt::join(known, ", ")));
+    return fmt::format(
+        "hipRTC {} ({}) does not know target {}{}; kiln does not call it for a target its release "
+        "predates (ROCm 5's hipRTC aborts on gfx940 and newer). It compiles: {}",
+        release, lib.file, target, wanted ? fmt::format(" (needs ROCm {}.{} or newer)", wanted->major, wanted->minor) : "",
+        known.empty() ? std::string("none of kiln's targets") : fmt::format("{}", fmt::join(known, ", ")));
   }
   return std::nullopt;
 }
@@ -160,17 +160,17 @@ std::optional<std::string> hiprtc_refuses(const std::string& target) {
 std::optional<std::string> hiprtc_library_fingerprint() {
   const HiprtcLibrary& lib = hiprtc_library();
   if (!lib.library) return std::nullopt;
-  struct stat st{};
+  struct stat st {};
   if (::stat(lib.file.c_str(), &st) != 0) return std::nullopt;
-  return fmt::format("{}|{}|{}|{}", lib.file, st.st_size,
-                     static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec, st.st_ino);
+  return fmt::format("{}|{}|{}|{}", lib.file, st.st_size, static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+                     st.st_ino);
 }
 
 const std::string& hiprtc_identity() {
   static const std::string identity = [] {
     const HiprtcLibrary& lib = hiprtc_library();
     if (!lib.library) throw Error(ErrorCode::kDriverError, lib.failure);
-    struct stat st{};
+    struct stat st {};
     ::stat(lib.file.c_str(), &st);
     const std::string what = fmt::format("{}|{}", std::filesystem::path(lib.file).filename().string(), st.st_size);
     return fmt::format("hiprtc {} {:016x}", lib.release.empty() ? "unknown" : lib.release, XXH3_64bits(what.data(), what.size()));
@@ -190,8 +190,8 @@ CompileResult hiprtc_compile(const CompileRequest& r) {
   options.insert(options.begin(), "--offload-arch=" + r.target);
   std::vector<const char*> option_ptrs;
   for (const auto& o : options) option_ptrs.push_back(o.c_str());
-  const hiprtcResult status = KILN_HIPRTC_FN(CompileProgram, "hiprtcCompileProgram")(
-      program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
+  const hiprtcResult status =
+      KILN_HIPRTC_FN(CompileProgram, "hiprtcCompileProgram")(program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
   CompileResult result;
   result.log = program.log();
   if (status != kHiprtcSuccess) {

@@ -162,14 +162,15 @@ std::optional<std::string> find_clang(std::string* why) {
     const auto major = executable(*named) ? clang_major_version(*named, nullptr) : std::nullopt;
     if (!major || *major < kMinimumClang) {
       if (why) {
-        *why = major ? fmt::format("KILN_CLANG={} is clang {}; kiln needs clang {} or newer for its AMD targets", *named, *major, kMinimumClang)
+        *why = major ? fmt::format("KILN_CLANG={} is clang {}; kiln needs clang {} or newer for its AMD targets", *named, *major,
+                                   kMinimumClang)
                      : fmt::format("KILN_CLANG={} is not an executable clang", *named);
       }
       return std::nullopt;
     }
     return named;
   }
-  static const std::optional<std::string> found = [] () -> std::optional<std::string> {
+  static const std::optional<std::string> found = []() -> std::optional<std::string> {
     for (const auto& candidate : clang_candidates()) {
       if (!executable(candidate)) continue;
       const auto major = clang_major_version(candidate, nullptr);
@@ -178,9 +179,10 @@ std::optional<std::string> find_clang(std::string* why) {
     return std::nullopt;
   }();
   if (!found && why) {
-    *why = fmt::format("no clang {} or newer found (looked for clang++-{}..23 on PATH and under /usr/lib/llvm-NN/bin, "
-                       "and ROCm's llvm/bin/clang++; KILN_CLANG names one; Debian: apt-get install clang-22 lld-22)",
-                       kMinimumClang, kMinimumClang);
+    *why = fmt::format(
+        "no clang {} or newer found (looked for clang++-{}..23 on PATH and under /usr/lib/llvm-NN/bin, "
+        "and ROCm's llvm/bin/clang++; KILN_CLANG names one; Debian: apt-get install clang-22 lld-22)",
+        kMinimumClang, kMinimumClang);
   }
   return found;
 }
@@ -190,10 +192,10 @@ std::optional<std::string> clang_fingerprint() {
   if (!clang) return std::nullopt;
   std::error_code ec;
   const std::string file = fs::canonical(*clang, ec).string();
-  struct stat st{};
+  struct stat st {};
   if (ec || ::stat(file.c_str(), &st) != 0) return std::nullopt;
-  return fmt::format("{}|{}|{}|{}", file, st.st_size,
-                     static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec, st.st_ino);
+  return fmt::format("{}|{}|{}|{}", file, st.st_size, static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+                     st.st_ino);
 }
 
 const std::string& clang_identity() {
@@ -229,8 +231,8 @@ CompileResult clang_compile(const CompileRequest& r, double timeout_seconds) {
   }
   write_file(folder.path(), r.source_name, source);
   const fs::path output = folder.path() / "kernel.co";
-  std::vector<std::string> argv = {*clang, "-x", "hip", "--offload-arch=" + r.target, "--cuda-device-only",
-                                   "--no-gpu-bundle-output", "-nogpuinc", "-nogpulib",
+  std::vector<std::string> argv = {*clang, "-x", "hip", "--offload-arch=" + r.target, "--cuda-device-only", "--no-gpu-bundle-output",
+                                   "-nogpuinc", "-nogpulib",
                                    // A fixed compilation-unit id: the default one hashes the
                                    // temporary path into the binary.
                                    "-cuid=kiln", "-I", folder.path().string()};

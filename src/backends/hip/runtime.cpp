@@ -28,10 +28,10 @@ using GetDeviceProperties = hipError_t (*)(void*, int);
 using ModuleLoadData = hipError_t (*)(void**, const void*);
 using ModuleGetFunction = hipError_t (*)(void**, void*, const char*);
 using ModuleUnload = hipError_t (*)(void*);
-using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                          unsigned, void*, void**, void**);
-using ModuleLaunchCooperativeKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                                     unsigned, void*, void**);
+using ModuleLaunchKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                                          void**);
+using ModuleLaunchCooperativeKernel = hipError_t (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                                                     void**);
 using MallocAsync = hipError_t (*)(void**, size_t, void*);
 using FreeAsync = hipError_t (*)(void*, void*);
 using MemsetD8Async = hipError_t (*)(void*, unsigned char, size_t, void*);
@@ -55,10 +55,10 @@ template <typename Fn>
 Fn resolve(const char* name) {
   return reinterpret_cast<Fn>(runtime_symbol(name));
 }
-#define KILN_HIP_FN(type, name)                                 \
-  ([]() {                                                       \
-    static const auto resolved = resolve<type>(name);           \
-    return resolved;                                            \
+#define KILN_HIP_FN(type, name)                       \
+  ([]() {                                             \
+    static const auto resolved = resolve<type>(name); \
+    return resolved;                                  \
   }())
 
 std::string describe(hipError_t status) {
@@ -153,8 +153,8 @@ LoadedFunction load_function(int index, const std::vector<uint8_t>& code_object,
   LoadedFunction f;
   const hipError_t loaded = KILN_HIP_FN(ModuleLoadData, "hipModuleLoadData")(&f.module, code_object.data());
   if (loaded != kHipSuccess) {
-    throw Error(ErrorCode::kDriverError, fmt::format("hipModuleLoadData failed for kernel '{}' ({} bytes): {}", kernel_name,
-                                                     code_object.size(), describe(loaded)));
+    throw Error(ErrorCode::kDriverError,
+                fmt::format("hipModuleLoadData failed for kernel '{}' ({} bytes): {}", kernel_name, code_object.size(), describe(loaded)));
   }
   const hipError_t found = KILN_HIP_FN(ModuleGetFunction, "hipModuleGetFunction")(&f.function, f.module, lowered_name.c_str());
   if (found != kHipSuccess) {
@@ -169,12 +169,12 @@ void unload(const LoadedFunction& f) {
   if (f.module != nullptr) KILN_HIP_FN(ModuleUnload, "hipModuleUnload")(f.module);
 }
 
-void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
-            const std::string& kernel_name) {
+void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream, const std::string& kernel_name) {
   if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch) {
     throw Error(ErrorCode::kUnsupported,
                 fmt::format("kernel '{}' asks for a thread-block cluster or programmatic dependent launch, which kiln's AMD "
-                            "backend does not do", kernel_name));
+                            "backend does not do",
+                            kernel_name));
   }
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   set_device(index);
@@ -188,14 +188,15 @@ void launch(int index, void* function, const LaunchShape& shape, const void* par
     } catch (const Error& e) {
       throw Error(ErrorCode::kUnsupported,
                   fmt::format("kernel '{}' needs a cooperative launch (hipModuleLaunchCooperativeKernel, ROCm 6 and newer), "
-                              "which the HIP runtime {} lacks: {}", kernel_name, runtime_library_path(), e.what()));
+                              "which the HIP runtime {} lacks: {}",
+                              kernel_name, runtime_library_path(), e.what()));
     }
     result = cooperative(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2],
                          shape.dynamic_shared_bytes, stream, args);
   } else {
-    result = KILN_HIP_FN(ModuleLaunchKernel, "hipModuleLaunchKernel")(function, shape.grid[0], shape.grid[1], shape.grid[2],
-                                                                      shape.block[0], shape.block[1], shape.block[2],
-                                                                      shape.dynamic_shared_bytes, stream, args, nullptr);
+    result = KILN_HIP_FN(ModuleLaunchKernel, "hipModuleLaunchKernel")(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0],
+                                                                      shape.block[1], shape.block[2], shape.dynamic_shared_bytes, stream,
+                                                                      args, nullptr);
   }
   if (result != kHipSuccess) {
     throw Error(ErrorCode::kDriverError,
@@ -282,7 +283,7 @@ void memset(void* device_pointer, uint8_t value, size_t bytes) {
 
 void copy(void* destination, const void* source, size_t bytes, bool to_device, Stream stream) {
   check(KILN_HIP_FN(MemcpyAsync, "hipMemcpyAsync")(destination, source, bytes, to_device ? kHipMemcpyHostToDevice : kHipMemcpyDeviceToHost,
-                                                  stream),
+                                                   stream),
         "hipMemcpyAsync");
 }
 

@@ -38,8 +38,7 @@ void unload(const LoadedFunction& f);
 // do not exist on AMD: a shape asking for them is an error (kUnsupported). A cooperative shape
 // goes through hipModuleLaunchCooperativeKernel (ROCm 6 and newer), which fails rather than
 // deadlock when the grid cannot be resident at once; a runtime without it is a clear error.
-void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream,
-            const std::string& kernel_name);
+void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream, const std::string& kernel_name);
 
 // A kernel's scratch on device `index`, allocated on `stream` (hipMallocAsync, from the device's
 // default memory pool), its first `zeroed_bytes` cleared on the stream, freed on the stream by
