@@ -93,7 +93,7 @@ CUDA_GRAPHS = False  # --cuda-graphs
 # Idle seconds before each shape after the first. On an H200 a shape timed right after a heavy one
 # (prefill (b) at the 700 W cap) read up to 13% slow, and so did its peer when it came first: prefill
 # (c) at 4096 took 0.0532 ms right after (b), 0.0493 right after that, 0.0478 after 3 s idle and
-# 0.0475 before any (bench/RESULTS.md, twentieth session).
+# 0.0475 before any (bench/RESULTS.md, 2026-11-22, H200).
 SETTLE_S = 3.0
 
 
@@ -394,7 +394,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
-    ap.add_argument("--prefill-cases", help="only the prefill shapes of these letters of the issue, e.g. c or ab")
+    ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
     ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
     ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")

@@ -7,7 +7,7 @@
 //
 // Standard bit b of a word is bit b % 4 of value b / 4 (low nibble first; bit 0 the mantissa, 1
 // and 2 the exponent, 3 the sign). The permutation was found by a matching search over rotations
-// and masks (bench/RESULTS.md, twenty-ninth session); the tests check the decode against the
+// and masks (bench/RESULTS.md, 2026-11-23, H100); the tests check the decode against the
 // standard one.
 #pragma once
 

@@ -65,7 +65,7 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
 // took 11-16% off: B1 ctx131072 p16 0.0562 ms against 0.0632, B2 ctx65536 p16 0.0551 against
 // 0.0625, B4 ctx32768 p64 0.0523 against 0.0619. A 16-bit cache at head_dim 64 gained 2-4% at
 // page 16 for B1 and B2 but lost 3-7% at larger pages and at B4; at head_dim 128 one CTA fits an
-// SM, and more ranges lost 2-5% (bench/RESULTS.md, twenty-sixth session). When that leaves no
+// SM, and more ranges lost 2-5% (bench/RESULTS.md, 2026-11-23, H200). When that leaves no
 // more ranges than sequences (short contexts), each pair gets one 8-warp CTA, unsplit.
 struct DecodeGrid {
   int64_t ranges;  // 0: unsplit

@@ -1020,7 +1020,7 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .interleaved = false,
        .bias = false,
        .all_to_one = true},
-      // The largest token count, on the grouped GEMMs (bf16) and the streaming phases
+      // 8192 tokens, a long prefill's count, on the grouped GEMMs (bf16) and the streaming phases
       // (MXFP4, standard and prepared).
       {.mxfp4 = false,
        .tokens = 8192,
