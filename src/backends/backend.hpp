@@ -131,8 +131,10 @@ VendorBackend& launch_backend();
 struct BackendRegistrar {
   BackendRegistrar(VendorBackend* backend, int order);
 };
-#define KILN_REGISTER_BACKEND(Type, order) \
-  static const ::kiln::detail::BackendRegistrar kiln_backend_registrar_##Type { new Type(), order }
+// The backend object has static storage: it lives until the process exits, nothing to free.
+#define KILN_REGISTER_BACKEND(Type, order)  \
+  static Type kiln_backend_instance_##Type; \
+  static const ::kiln::detail::BackendRegistrar kiln_backend_registrar_##Type { &kiln_backend_instance_##Type, order }
 
 // Enters a device on construction and leaves it on destruction.
 class ScopedLaunch {
