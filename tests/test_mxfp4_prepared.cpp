@@ -106,6 +106,13 @@ TEST(Mxfp4Prepared, RefusesWhatItCannotPrepare) {
   TensorView null_data = host(DType::kF4E2M1x2, {4, 16});
   null_data.data = nullptr;
   expect_refused(null_data, "weights: data is null");
+  // Shapes whose element count is negative or overflows: each once crashed or "succeeded".
+  expect_refused(host(DType::kF4E2M1x2, {-16}), "weights: dimension 0 has negative size -16");
+  expect_refused(host(DType::kF4E2M1x2, {(int64_t{1} << 59) + 1, 16}), "weights: element count overflows 64-bit");
+  expect_refused(host(DType::kF4E2M1x2, {int64_t{1} << 62, 16}), "weights: element count overflows 64-bit");
+  TensorView no_rank = host(DType::kF4E2M1x2, {16});
+  no_rank.ndim = kMaxDims + 1;
+  expect_refused(no_rank, "weights: rank must be 1 to 6");
 }
 
 TEST(Mxfp4Prepared, CApiSetsThePreparedDtype) {
@@ -127,6 +134,13 @@ TEST(Mxfp4Prepared, CApiSetsThePreparedDtype) {
   EXPECT_EQ(kiln_moe_prepare_weights(&t, nullptr), KILN_ERROR_INVALID_ARGUMENT);  // twice
   EXPECT_NE(std::string(kiln_last_error()).find("already prepared"), std::string::npos);
   EXPECT_EQ(kiln_moe_prepare_weights(nullptr, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  // A refused call leaves the caller's descriptor as it was.
+  kiln_tensor huge = t;
+  huge.dtype = KILN_F4_E2M1X2;
+  huge.shape[0] = int64_t{1} << 62;
+  EXPECT_EQ(kiln_moe_prepare_weights(&huge, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(huge.dtype, KILN_F4_E2M1X2);
+  EXPECT_NE(std::string(kiln_last_error()).find("overflows"), std::string::npos) << kiln_last_error();
 }
 
 }  // namespace

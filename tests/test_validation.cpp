@@ -99,6 +99,13 @@ TEST(Validation, Prefill) {
                },
            .expect = "q: expected rank 3, got 2"},
           {.name = "q dtype", .breaks = [](auto& a) { a.q.dtype = DType::kF32; }, .expect = "q: expected dtype bf16 or f16, got f32"},
+          {.name = "stride-0 dimension of absurd size",
+           .breaks =
+               [](auto& a) {
+                 a.q.shape[0] = int64_t{1} << 62;
+                 a.q.strides[0] = 0;
+               },
+           .expect = "q: element count overflows 64-bit"},
           {.name = "k dtype mismatch",
            .breaks =
                [](auto& a) {

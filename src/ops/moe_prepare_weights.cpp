@@ -71,18 +71,19 @@ TensorView moe_prepare_weights(const TensorView& w, Stream stream) {
   if (w.dtype == DType::kF4E2M1x2Prepared)
     invalid_argument("weights: already prepared (e2m1x2_prepared); preparing twice would scramble them");
   if (w.dtype != DType::kF4E2M1x2) invalid_argument(fmt::format("weights: must be MXFP4 values (e2m1x2), got {}", w.describe()));
-  if (w.data == nullptr) invalid_argument("weights: data is null");
-  if (!w.is_contiguous()) invalid_argument(fmt::format("weights: must be contiguous, got {}", w.describe()));
+  // Sizes and their product first: the checks below multiply them.
+  const int64_t count = detail::checked_numel(w, "weights");
+  if (w.data == nullptr && count > 0) invalid_argument("weights: data is null");
+  if (count > 0 && !w.is_contiguous()) invalid_argument(fmt::format("weights: must be contiguous, got {}", w.describe()));
   if (w.size(-1) % 16 != 0) {
     invalid_argument(
         fmt::format("weights: the last dimension must be a multiple of 16 bytes (32 values, one scale block), got {}", w.size(-1)));
   }
   if (reinterpret_cast<uintptr_t>(w.data) % 4 != 0) invalid_argument("weights: data must be 4-byte aligned");
-  const size_t count = static_cast<size_t>(w.numel());
   if (w.device == kHostDevice) {
-    prepare_host_bytes(static_cast<uint8_t*>(w.data), count);
+    prepare_host_bytes(static_cast<uint8_t*>(w.data), static_cast<size_t>(count));
   } else if (count > 0) {
-    prepare_device_bytes(w, count, stream);
+    prepare_device_bytes(w, static_cast<size_t>(count), stream);
   }
   TensorView prepared = w;
   prepared.dtype = DType::kF4E2M1x2Prepared;

@@ -22,6 +22,11 @@ void check_tensor(const TensorView& t, const TensorRule& rule);
 // Same, for an optional tensor: absent is fine.
 void check_optional_tensor(const TensorView& t, const TensorRule& rule);
 
+// The element count of `t`: every size must be >= 0 and their product fit in int64 (stride-0
+// dimensions included), else kiln::Error(kInvalidArgument) naming `name`. TensorView::numel()
+// itself does not check, and an overflowed count is how absurd shapes slipped through.
+int64_t checked_numel(const TensorView& t, const char* name);
+
 void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* expected_what);
 void check_same_device(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name);
 [[noreturn]] void invalid_argument(const std::string& message);

@@ -37,7 +37,7 @@ void check_tensor(const TensorView& t, const TensorRule& rule) {
       max_offset += (size - 1) * stride;
     }
   }
-  const int64_t numel = t.numel();
+  const int64_t numel = checked_numel(t, rule.name);
   if (numel == 0) return;  // an empty tensor is never dereferenced
   if (t.data == nullptr) invalid_argument(fmt::format("{}: data pointer is null ({})", rule.name, t.describe()));
   if (t.stride(-1) != 1 && t.size(-1) > 1) {
@@ -57,6 +57,20 @@ void check_tensor(const TensorView& t, const TensorRule& rule) {
                                    t.stride(d), static_cast<size_t>(t.stride(d)) * elem, rule.alignment));
     }
   }
+}
+
+int64_t checked_numel(const TensorView& t, const char* name) {
+  if (t.ndim < 1 || t.ndim > kMaxDims) invalid_argument(fmt::format("{}: rank must be 1 to {}, got {}", name, kMaxDims, t.ndim));
+  int64_t n = 1;
+  for (int d = 0; d < t.ndim; ++d) {
+    const int64_t size = t.size(d);
+    if (size < 0) invalid_argument(fmt::format("{}: dimension {} has negative size {}", name, d, size));
+    if (size > 0 && n > std::numeric_limits<int64_t>::max() / size) {
+      invalid_argument(fmt::format("{}: element count overflows 64-bit ({})", name, t.describe()));
+    }
+    n *= size;
+  }
+  return n;
 }
 
 void check_optional_tensor(const TensorView& t, const TensorRule& rule) {
