@@ -1,5 +1,8 @@
 // Compile isolation: a crashing or hanging compiler costs the worker process, never the caller.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <thread>
 
 #include <chrono>
 #include <fstream>
@@ -86,6 +89,66 @@ TEST(Isolation, HangingWorkerIsKilledAtTheLimit) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 10.0);
+}
+
+// Whatever a worker sends back, the caller gets a kiln::Error naming what was wrong: never an
+// exception of another type, never an unbounded buffer.
+TEST(Isolation, MisbehavingWorkerRepliesAreClearErrors) {
+  const struct {
+    const char* worker;
+    const char* expect;
+  } cases[] = {
+      {.worker = "kiln-fake-worker-malformed", .expect = "malformed error reply"},
+      {.worker = "kiln-fake-worker-notamap", .expect = "malformed error reply"},
+      {.worker = "kiln-fake-worker-badtag", .expect = "reply of unknown kind 7"},
+      {.worker = "kiln-fake-worker-oldprotocol", .expect = "speaks worker protocol 1, this kiln speaks 2"},
+      {.worker = "kiln-fake-worker-oversized", .expect = "reply exceeded 268435456 bytes"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = std::string(KILN_TEST_FAKE_WORKER_DIR) + "/" + c.worker;
+    try {
+      compile_in_worker(reference_request(), path, 60);
+      ADD_FAILURE() << c.worker << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCompileFailed) << c.worker;
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << c.worker << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.worker << ": not a kiln::Error: " << e.what();
+    }
+  }
+}
+
+// Ctrl-C during a warm-up: a worker that started after the signal never saw it; cancel_compiles()
+// kills it within a moment instead of at its time limit. In a child process, since cancelling is
+// for the life of the process.
+TEST(Isolation, CancelledCompileStopsAHangingWorkerAtOnce) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::thread canceller([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      cancel_compiles();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    int rc = 1;
+    try {
+      compile_in_worker(reference_request(), KILN_TEST_FAKE_WORKER_HANG, 60);
+    } catch (const Error& e) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rc = std::string(e.what()).find("cancelled") != std::string::npos && seconds < 5 ? 0 : 2;
+    }
+    canceller.join();
+    try {  // and a compile asked for afterwards is refused at once
+      compile_in_worker(reference_request(), KILN_TEST_FAKE_WORKER_HANG, 60);
+      rc = 3;
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("cancelled") == std::string::npos) rc = 4;
+    }
+    _exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not cancelled, 2: wrong message or too slow, 3/4: a later compile was not refused";
 }
 
 TEST(Isolation, MissingWorkerIsAClearError) {

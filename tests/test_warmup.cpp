@@ -116,6 +116,31 @@ class WarmupTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Fewer threads than asked for (a process limit): the warm-up runs on those it got, instead of
+// ending in std::terminate. Limits do not bind root, so the child runs as `nobody`.
+TEST_F(WarmupTest, ThreadLimitRunsOnTheThreadsItGot) {
+  if (::geteuid() != 0 || std::system("command -v setpriv > /dev/null && command -v prlimit > /dev/null") != 0) {
+    GTEST_SKIP() << "needs root, setpriv and prlimit";
+  }
+  fs::create_directories(dir_ / "cache");
+  ASSERT_EQ(std::system(fmt::format("chown -R nobody:nogroup {} && chmod 700 {}/cache", dir_.string(), dir_.string()).c_str()), 0);
+  const std::string out = (dir_ / "out").string();
+  const int status = std::system(
+      fmt::format(
+          "setpriv --reuid=nobody --regid=nogroup --clear-groups prlimit --nproc=12 env HOME=/nonexistent ASAN_OPTIONS=detect_leaks=0 "
+          "KILN_CACHE_DIR={}/cache KILN_COMPILE_ISOLATION=inprocess {} warmup --manifest llama-3.1-8b "
+          "--target sm_80,sm_86,sm_89,sm_90a -j 200 > {} 2>&1",
+          dir_.string(), KILN_TEST_CLI, out)
+          .c_str());
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  ASSERT_TRUE(WIFEXITED(status)) << text.str();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text.str();
+  EXPECT_NE(text.str().find("worker threads"), std::string::npos) << "the limit should have bitten:\n" << text.str();
+  EXPECT_NE(text.str().find("failed     0"), std::string::npos) << text.str();
+}
+
 TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
   for (const auto& model : builtin_manifests()) {
     int rc = -1;

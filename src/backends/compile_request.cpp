@@ -18,8 +18,24 @@ const char* compiler_kind_name(CompilerKind kind) {
   return "unknown";
 }
 
+namespace {
+
+// Throws when a message was written by another protocol version.
+void check_protocol(const json& j, const char* what) {
+  const auto it = j.find("protocol");
+  const int version = it != j.end() && it->is_number_integer() ? it->get<int>() : 1;
+  if (version != kWorkerProtocolVersion) {
+    throw Error(ErrorCode::kCompileFailed,
+                fmt::format("{} speaks worker protocol {}, this kiln speaks {}: install the kiln-compile-worker of the same release", what,
+                            version, kWorkerProtocolVersion));
+  }
+}
+
+}  // namespace
+
 std::vector<uint8_t> encode_request(const CompileRequest& r) {
   json j;
+  j["protocol"] = kWorkerProtocolVersion;
   j["compiler"] = static_cast<int>(r.compiler);
   j["kernel_name"] = r.kernel_name;
   j["source_name"] = r.source_name;
@@ -34,6 +50,7 @@ std::vector<uint8_t> encode_request(const CompileRequest& r) {
 CompileRequest decode_request(const std::vector<uint8_t>& bytes) {
   try {
     const json j = json::from_cbor(bytes);
+    check_protocol(j, "the compile request");
     CompileRequest r;
     const int compiler = j.at("compiler").get<int>();
     if (compiler < 0 || compiler > static_cast<int>(CompilerKind::kClang)) {
@@ -55,6 +72,7 @@ CompileRequest decode_request(const std::vector<uint8_t>& bytes) {
 
 std::vector<uint8_t> encode_result(const CompileResult& r) {
   json j;
+  j["protocol"] = kWorkerProtocolVersion;
   j["binary"] = json::binary(r.binary);
   j["lowered_name"] = r.lowered_name;
   j["log"] = r.log;
@@ -65,6 +83,7 @@ std::vector<uint8_t> encode_result(const CompileResult& r) {
 CompileResult decode_result(const std::vector<uint8_t>& bytes) {
   try {
     const json j = json::from_cbor(bytes);
+    check_protocol(j, "the compile worker");
     CompileResult r;
     r.binary = j.at("binary").get_binary();
     r.lowered_name = j.at("lowered_name").get<std::string>();

@@ -34,7 +34,13 @@ struct CompileResult {
   double compile_ms = 0;
 };
 
-// CBOR encodings for the worker protocol.
+// CBOR encodings for the worker protocol. Every message carries "protocol": a worker and a kiln
+// of different versions refuse each other with both numbers. You MUST bump it whenever a message
+// gains, loses or changes a field.
+inline constexpr int kWorkerProtocolVersion = 2;
+// Replies larger than this are refused (and the worker killed): a binary is a few MB.
+inline constexpr size_t kMaxWorkerReplyBytes = size_t{256} << 20;
+
 std::vector<uint8_t> encode_request(const CompileRequest& request);
 CompileRequest decode_request(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode_result(const CompileResult& result);

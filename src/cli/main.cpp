@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/check_bench.hpp"
+#include "jit/compiler.hpp"
 #include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 
@@ -260,7 +261,10 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
   const bool terminal = ::isatty(2) != 0;
   options.on_progress = [terminal](const kiln::WarmupProgress& p) { show_progress(p, terminal); };
   // Ctrl-C stops new compiles; what finished is in the cache, and a rerun continues from there.
-  std::signal(SIGINT, [](int) { interrupted.store(true); });
+  std::signal(SIGINT, [](int) {
+    interrupted.store(true);
+    kiln::detail::cancel_compiles();
+  });
   const kiln::WarmupReport r = kiln::warmup(manifest, options);
   const kiln::CacheStats cache = kiln::cache_stats();
   if (as_json) {
@@ -431,8 +435,14 @@ int main(int argc, char** argv) {
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return exit_code(e);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kiln: out of host memory\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "kiln: internal error: unknown exception\n");
     return 1;
   }
   return 1;

@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -124,6 +126,39 @@ std::string default_worker_path() {
 
 namespace {
 
+struct WorkerError {
+  ErrorCode code = ErrorCode::kInternal;
+  std::string message = "the compile worker failed";
+  std::string log;
+  std::vector<std::string> options;
+};
+
+// The worker's error map: {"protocol", "code", "message", "log", "options"}. A field of the wrong
+// type, or a reply that is not a map, throws a std::exception; a code kiln does not know becomes
+// kInternal.
+WorkerError parse_worker_error(const std::vector<uint8_t>& body) {
+  const nlohmann::json j = nlohmann::json::from_cbor(body);
+  if (!j.is_object()) throw std::invalid_argument("the error reply is not a map");
+  const int protocol = j.contains("protocol") ? j.at("protocol").get<int>() : 1;
+  WorkerError e;
+  if (protocol != kWorkerProtocolVersion) {
+    e.code = ErrorCode::kCompileFailed;
+    e.log = fmt::format(
+        "the compile worker speaks worker protocol {}, this kiln speaks {}: install the kiln-compile-worker of the same release", protocol,
+        kWorkerProtocolVersion);
+    return e;
+  }
+  const int code = j.at("code").get<int>();
+  if (code >= static_cast<int>(ErrorCode::kInvalidArgument) && code <= static_cast<int>(ErrorCode::kInternal)) {
+    e.code = static_cast<ErrorCode>(code);
+  }
+  if (j.contains("message")) e.message = j.at("message").get<std::string>();
+  if (j.contains("log")) e.log = j.at("log").get<std::string>();
+  if (j.contains("options")) e.options = j.at("options").get<std::vector<std::string>>();
+  if (e.code == ErrorCode::kCompileFailed && e.log.empty()) e.log = e.message;
+  return e;
+}
+
 // Computing an identity loads the compiler and may compile a probe or run it (tens of ms). The
 // cache remembers it per compiler file, so a warm process finds its kernels without loading the
 // compiler at all.
@@ -171,7 +206,21 @@ CompileResult compile_in_this_process(const CompileRequest& request, double time
   return backend_for(request.compiler).compile(request, timeout_seconds);
 }
 
+namespace {
+
+std::atomic<bool> compiles_cancelled{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "cancel_compiles() must be async-signal-safe");
+
+Error cancelled_compile(const CompileRequest& request) {
+  return Error::compile_failed(request.kernel_name, request.target, request.options, "cancelled (interrupted) before it finished");
+}
+
+}  // namespace
+
+void cancel_compiles() noexcept { compiles_cancelled.store(true); }
+
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path, double timeout_seconds) {
+  if (compiles_cancelled.load()) throw cancelled_compile(request);
   if (::access(worker_path.c_str(), X_OK) != 0) {
     throw Error(ErrorCode::kCompileFailed, fmt::format("compile worker {} is missing or not executable (set KILN_COMPILE_WORKER, or "
                                                        "KILN_COMPILE_ISOLATION=inprocess)",
@@ -209,8 +258,9 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
   std::vector<uint8_t> out;
   std::string err;
   bool timed_out = false;
+  bool oversized = false;  // the reply outgrew kMaxWorkerReplyBytes
   fcntl(in_parent.fd, F_SETFL, O_NONBLOCK);
-  while (true) {
+  while (!oversized) {
     struct pollfd fds[3];
     int n = 0;
     if (out_parent.fd >= 0) fds[n++] = {out_parent.fd, POLLIN, 0};
@@ -223,7 +273,8 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
       timed_out = true;
       break;
     }
-    if (poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::min<long long>(left, 1000))) < 0) {
+    if (compiles_cancelled.load()) break;
+    if (poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::min<long long>(left, 100))) < 0) {
       if (errno == EINTR) continue;
       break;
     }
@@ -242,10 +293,12 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
       char buf[65536];
       const ssize_t r = read(fds[i].fd, buf, sizeof(buf));
       if (r > 0) {
-        if (fds[i].fd == out_parent.fd)
+        if (fds[i].fd == out_parent.fd) {
           out.insert(out.end(), buf, buf + r);
-        else
-          err.append(buf, static_cast<size_t>(r));
+          oversized = out.size() > kMaxWorkerReplyBytes;
+        } else if (err.size() < kMaxWorkerLogBytes) {  // the rest of a runaway log is dropped
+          err.append(buf, std::min(static_cast<size_t>(r), kMaxWorkerLogBytes - err.size()));
+        }
       } else if (r == 0 || errno != EINTR) {
         if (fds[i].fd == out_parent.fd)
           out_parent.reset();
@@ -254,11 +307,17 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
       }
     }
   }
-  if (timed_out) kill(pid, SIGKILL);
+  const bool cancelled = compiles_cancelled.load() && (out_parent.fd >= 0 || err_parent.fd >= 0);
+  if (timed_out || oversized || cancelled) kill(pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   const std::vector<std::string> options = request.options;
+  if (cancelled) throw cancelled_compile(request);
+  if (oversized) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker's reply exceeded {} bytes; the worker was killed", kMaxWorkerReplyBytes));
+  }
   if (timed_out) {
     throw Error::compile_failed(request.kernel_name, request.target, options,
                                 fmt::format("the compile worker took longer than {} s and was killed\n{}", timeout_seconds, err));
@@ -271,18 +330,20 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
   const uint8_t tag = out.front();
   std::vector<uint8_t> body(out.begin() + 1, out.end());
   if (tag == kWorkerOk) return decode_result(body);
-  nlohmann::json j;
+  if (tag != kWorkerError) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker sent a reply of unknown kind {}\n{}", tag, err));
+  }
+  // The error map is validated field by field: a malformed one is reported, never thrown through.
+  WorkerError e;
   try {
-    j = nlohmann::json::from_cbor(body);
-  } catch (const nlohmann::json::exception&) {
-    throw Error::compile_failed(request.kernel_name, request.target, options, "the compile worker sent a malformed reply\n" + err);
+    e = parse_worker_error(body);
+  } catch (const std::exception& what) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker sent a malformed error reply ({})\n{}", what.what(), err));
   }
-  const auto code = static_cast<ErrorCode>(j.value("code", static_cast<int>(ErrorCode::kInternal)));
-  if (code == ErrorCode::kCompileFailed) {
-    throw Error::compile_failed(request.kernel_name, request.target, j.value("options", std::vector<std::string>{}),
-                                j.value("log", std::string{}));
-  }
-  throw Error(code, j.value("message", std::string("compile worker failed")));
+  if (e.code == ErrorCode::kCompileFailed) throw Error::compile_failed(request.kernel_name, request.target, e.options, e.log);
+  throw Error(e.code, e.message);
 }
 
 CompileResult compile(const CompileRequest& request, const JitSettings& settings) {

@@ -28,12 +28,20 @@ std::string compiler_identity(CompilerKind kind);
 // reads them once). Throws kiln::Error(kInvalidArgument) naming the variable.
 JitSettings jit_settings_from_environment();
 
+// Stops compiles in workers: running ones are killed within 0.1 s and new ones are refused, each
+// with kiln::Error(kCompileFailed) saying so. Async-signal-safe: a SIGINT handler may call it (a
+// worker started after the signal never saw it, and would run to its time limit).
+void cancel_compiles() noexcept;
+
 // The worker kiln would use: JitSettings::worker_path, else beside libkiln.
 std::string default_worker_path();
 
-// Worker protocol: the request's CBOR on stdin; on stdout one status byte then CBOR — status 0:
-// an encode_result() payload; status 1: {"code", "message", "log", "options", "target"}.
+// Worker protocol (version kWorkerProtocolVersion): the request's CBOR on stdin; on stdout one
+// status byte then CBOR, at most kMaxWorkerReplyBytes — status 0: an encode_result() payload;
+// status 1: {"protocol", "code", "message", "log", "options", "target"}.
 inline constexpr uint8_t kWorkerOk = 0;
 inline constexpr uint8_t kWorkerError = 1;
+// The worker's stderr kept for messages; the rest is read and dropped.
+inline constexpr size_t kMaxWorkerLogBytes = size_t{1} << 20;
 
 }  // namespace kiln::detail

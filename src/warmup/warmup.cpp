@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <system_error>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
+#include "kiln/log.hpp"
 #include "kiln/platform.hpp"
 #include "kiln/warmup.hpp"
 
@@ -34,6 +38,7 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
   std::atomic<size_t> next{0};
   const size_t per_target = manifest.signatures.size();
 
+  std::function<void(const WarmupProgress&)> on_progress = options.on_progress;  // guarded by `mutex`
   auto work = [&] {
     while (true) {
       const size_t i = next.fetch_add(1);
@@ -55,6 +60,10 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
           const bool interrupted = options.cancel != nullptr && options.cancel->load();
           item.status = interrupted ? WarmupItem::Status::kCancelled : WarmupItem::Status::kFailed;
           item.reason = e.message().substr(0, e.message().find('\n'));
+        } catch (const std::exception& e) {
+          // No exception may leave a worker thread: it would end the process.
+          item.status = WarmupItem::Status::kFailed;
+          item.reason = std::string("internal error: ") + e.what();
         }
       }
       item.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - item_start).count();
@@ -66,11 +75,28 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
       progress.failed += item.status == WarmupItem::Status::kFailed;
       progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       progress.last = &item;
-      if (options.on_progress) options.on_progress(progress);
+      if (on_progress) {
+        try {
+          on_progress(progress);
+        } catch (...) {
+          // The caller's callback must not end the process from a worker thread; it is dropped.
+          on_progress = nullptr;
+          log(LogLevel::kWarn, "kiln warmup: the progress callback threw; progress reports stop");
+        }
+      }
     }
   };
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < jobs; ++t) threads.emplace_back(work);
+  for (size_t t = 0; t < jobs; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error& e) {
+      // Fewer threads than asked (a process limit): the ones started share the work.
+      log(LogLevel::kWarn, fmt::format("kiln warmup: started {} of {} worker threads ({}); continuing with those", t, jobs, e.what()));
+      break;
+    }
+  }
+  if (threads.empty()) work();
   for (auto& t : threads) t.join();
 
   for (const auto& item : report.items) {

@@ -22,6 +22,15 @@ void write_all(const std::vector<uint8_t>& bytes) {
   }
 }
 
+// Status byte kWorkerError, then the error map the parent validates (jit/compiler.cpp).
+std::vector<uint8_t> error_reply(int code, const std::string& message, const std::string& log, const std::vector<std::string>& options) {
+  nlohmann::json j = {
+      {"protocol", kiln::detail::kWorkerProtocolVersion}, {"code", code}, {"message", message}, {"log", log}, {"options", options}};
+  std::vector<uint8_t> reply = nlohmann::json::to_cbor(j);
+  reply.insert(reply.begin(), kiln::detail::kWorkerError);
+  return reply;
+}
+
 }  // namespace
 
 int main() {
@@ -38,17 +47,13 @@ int main() {
     reply = kiln::detail::encode_result(result);
     reply.insert(reply.begin(), kiln::detail::kWorkerOk);
   } catch (const kiln::Error& e) {
-    nlohmann::json j = {{"code", static_cast<int>(e.code())},
-                        {"message", e.what()},
-                        {"log", e.compile_log()},
-                        {"options", e.compile_options()},
-                        {"target", e.compile_target()}};
-    reply = nlohmann::json::to_cbor(j);
-    reply.insert(reply.begin(), kiln::detail::kWorkerError);
+    reply = error_reply(static_cast<int>(e.code()), e.what(), e.compile_log(), e.compile_options());
+  } catch (const std::bad_alloc&) {
+    reply = error_reply(static_cast<int>(kiln::ErrorCode::kInternal), "the compile worker ran out of memory", "", {});
   } catch (const std::exception& e) {
-    nlohmann::json j = {{"code", static_cast<int>(kiln::ErrorCode::kInternal)}, {"message", e.what()}};
-    reply = nlohmann::json::to_cbor(j);
-    reply.insert(reply.begin(), kiln::detail::kWorkerError);
+    reply = error_reply(static_cast<int>(kiln::ErrorCode::kInternal), e.what(), "", {});
+  } catch (...) {
+    reply = error_reply(static_cast<int>(kiln::ErrorCode::kInternal), "the compile worker failed with an unknown exception", "", {});
   }
   write_all(reply);
   return 0;
