@@ -449,6 +449,39 @@ TEST_F(CacheTest, FullDiskKeepsServingFromMemory) {
   EXPECT_TRUE(cache_verify(false, dir()).problems.empty());
 }
 
+// Files as the operator names them: a FIFO is refused at once (it used to block the import
+// forever), a bundle whose name holds URI characters opens that very file, and `cache ls` prints a
+// key as `compile` does.
+TEST_F(CacheTest, BundleFilesAreRegularFilesNamedExactlyAndKeysPrintAlike) {
+  fs::create_directories(dir_);
+  auto cli = [&](const std::string& args, int* rc) {
+    const std::string out = (dir_ / "cli.out").string();
+    const int status = std::system(fmt::format("timeout 60 {} {} > {} 2>&1", KILN_TEST_CLI, args, out).c_str());
+    *rc = WEXITSTATUS(status);
+    return file_bytes(out);
+  };
+  int rc = -1;
+  const std::string compiled =
+      cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("a"), kPrefillSig), &rc);
+  ASSERT_EQ(rc, 0) << compiled;
+  const std::string listed = cli(fmt::format("--cache {} cache ls --json", dir("a")), &rc);
+  ASSERT_EQ(rc, 0) << listed;
+  EXPECT_EQ(nlohmann::json::parse(listed).at(0).at("key"), nlohmann::json::parse(compiled).at("key"));
+
+  const std::string odd = (dir_ / "pct%41?x#y.kiln").string();
+  std::string out = cli(fmt::format("--cache {} cache export '{}'", dir("a"), odd), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = cli(fmt::format("--cache {} cache import '{}'", dir("b"), odd), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("imported 1 entries"), std::string::npos) << out;
+
+  const std::string fifo = (dir_ / "pipe.kiln").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  out = cli(fmt::format("--cache {} cache import {}", dir("b"), fifo), &rc);
+  EXPECT_EQ(rc, 6) << out;
+  EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
+}
+
 TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {
   fs::create_directories(dir_);
   ASSERT_EQ(race(dir(), {kPrefillSig}), std::vector<std::string>{"compiled"});

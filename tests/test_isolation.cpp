@@ -165,6 +165,17 @@ TEST(Isolation, SettingsAreValidated) {
   EXPECT_EQ(s.isolation, CompileIsolation::kWorkerProcess);  // the default
   s.timeout_seconds = 0;
   EXPECT_THROW(set_jit_settings(s), Error);
+  s.timeout_seconds = 9e18;  // the deadline arithmetic overflowed and every compile failed
+  EXPECT_THROW(set_jit_settings(s), Error);
+  setenv("KILN_COMPILE_TIMEOUT_S", "9000000000000000000", 1);
+  try {
+    jit_settings_from_environment();
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_COMPILE_TIMEOUT_S=9000000000000000000 must be from 1 to 604800 seconds"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("KILN_COMPILE_TIMEOUT_S");
 }
 
 }  // namespace

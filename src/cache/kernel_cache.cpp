@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -175,14 +176,20 @@ void migrate(sqlite3* db, const std::string& path) {
   t.commit();
 }
 
+// The inverse of key_bytes(); a blob of another size (a damaged row) gives the zero key.
+KernelKey key_of_blob(const std::vector<uint8_t>& blob) {
+  KernelKey k;
+  if (blob.size() == 16) {
+    std::memcpy(&k.high, blob.data(), 8);
+    std::memcpy(&k.low, blob.data() + 8, 8);
+  }
+  return k;
+}
+
 CacheRow read_row(const Statement& s) {
   // Column order of kRowColumns.
   CacheRow r;
-  const std::vector<uint8_t> key = s.blob(0);
-  if (key.size() == 16) {
-    std::memcpy(&r.key.high, key.data(), 8);
-    std::memcpy(&r.key.low, key.data() + 8, 8);
-  }
+  r.key = key_of_blob(s.blob(0));
   r.kernel = s.text(1);
   r.op = s.text(2);
   r.signature = s.text(3);
@@ -248,13 +255,36 @@ std::optional<std::string> row_problem(const Statement& s, const CacheRow& r) {
 
 }  // namespace
 
+namespace {
+
+// `path` inside a file: URI: the characters a URI gives meaning to are percent-encoded, so that a
+// file named "a%41.kiln" or "b?c" opens that file.
+std::string uri_path(const std::string& path) {
+  std::string out;
+  for (const char c : path) {
+    if (c == '%' || c == '?' || c == '#' || static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("%{:02X}", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem) {
+  // A FIFO or device would block the open or feed garbage: only regular files are databases.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw cache_error(fmt::format("cannot use {}: not a regular file", path));
+  }
   sqlite3* db = nullptr;
   int flags = SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX;
   flags |= writable ? (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) : SQLITE_OPEN_READONLY;
   // Read-only databases (seeds, read-only directories) are opened immutable: no locks, no
   // journal files created beside them.
-  const std::string uri = writable ? path : "file:" + path + "?immutable=1";
+  const std::string uri = writable ? path : "file:" + uri_path(path) + "?immutable=1";
   int rc = sqlite3_open_v2(uri.c_str(), &db, flags, nullptr);
   auto fail = [&](const std::string& why) {
     sqlite3_close_v2(db);
@@ -540,12 +570,11 @@ std::vector<CacheEntry> KernelCache::list() {
   std::vector<CacheEntry> out;
   if (!db_) return out;
   Statement s(db_,
-              "SELECT hex(key), kernel, operator, signature, target, backend, compiler, size, hits, created, last_used, "
+              "SELECT key, kernel, operator, signature, target, backend, compiler, size, hits, created, last_used, "
               "compile_ms FROM kernels ORDER BY last_used DESC, id DESC");
   while (s.step()) {
     CacheEntry e;
-    e.key = s.text(0);
-    for (auto& c : e.key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    e.key = key_of_blob(s.blob(0)).hex();  // as `kiln compile` and the logs print it
     e.kernel = s.text(1);
     e.op = s.text(2);
     e.signature = s.text(3);

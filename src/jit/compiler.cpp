@@ -62,7 +62,10 @@ JitSettings detail::jit_settings_from_environment() {
     }
   }
   if (auto timeout = detail::env_int("KILN_COMPILE_TIMEOUT_S")) {
-    if (*timeout <= 0) throw Error(ErrorCode::kInvalidArgument, "KILN_COMPILE_TIMEOUT_S must be > 0");
+    if (*timeout <= 0 || *timeout > detail::kMaxCompileTimeoutSeconds) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("KILN_COMPILE_TIMEOUT_S={} must be from 1 to {} seconds", *timeout, detail::kMaxCompileTimeoutSeconds));
+    }
     s.timeout_seconds = static_cast<double>(*timeout);
   }
   return s;
@@ -83,8 +86,9 @@ JitSettings jit_settings() {
 }
 
 void set_jit_settings(const JitSettings& settings) {
-  if (!(settings.timeout_seconds > 0)) {
-    throw Error(ErrorCode::kInvalidArgument, fmt::format("JitSettings::timeout_seconds must be > 0, got {}", settings.timeout_seconds));
+  if (!(settings.timeout_seconds > 0) || settings.timeout_seconds > detail::kMaxCompileTimeoutSeconds) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("JitSettings::timeout_seconds must be > 0 and at most {}, got {}",
+                                                         detail::kMaxCompileTimeoutSeconds, settings.timeout_seconds));
   }
   std::lock_guard<std::mutex> lock(settings_mutex());
   current_settings() = settings;

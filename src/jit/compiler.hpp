@@ -28,6 +28,9 @@ std::string compiler_identity(CompilerKind kind);
 // reads them once). Throws kiln::Error(kInvalidArgument) naming the variable.
 JitSettings jit_settings_from_environment();
 
+// The longest compile time limit accepted (a week): past it the deadline arithmetic overflows.
+inline constexpr long long kMaxCompileTimeoutSeconds = 7 * 24 * 3600;
+
 // Stops compiles in workers: running ones are killed within 0.1 s and new ones are refused, each
 // with kiln::Error(kCompileFailed) saying so. Async-signal-safe: a SIGINT handler may call it (a
 // worker started after the signal never saw it, and would run to its time limit).
