@@ -141,6 +141,26 @@ TEST_F(WarmupTest, ThreadLimitRunsOnTheThreadsItGot) {
   EXPECT_NE(text.str().find("failed     0"), std::string::npos) << text.str();
 }
 
+// A warm-up whose writes fail (here a 200 KiB file-size limit, as on a nearly full disk: the
+// database and its first rows fit, later commits fail) must not look like a complete cache: it
+// exits 1 and names every signature that did not reach the disk.
+TEST_F(WarmupTest, WritesThatFailAreReportedAndFailTheRun) {
+  const std::string out = (dir_ / "out").string();
+  const int status = std::system(fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 200; KILN_CACHE_DIR={}/cache {} warmup -j 1 "
+                                             "--manifest gpt-oss-120b --target sm_90a > {} 2>&1'",
+                                             dir_.string(), KILN_TEST_CLI, out)
+                                     .c_str());
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  ASSERT_TRUE(WIFEXITED(status)) << text.str();
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text.str();
+  EXPECT_NE(text.str().find("NOT STORED"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("not stored: attention.decode:"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("failed     0"), std::string::npos) << "every compile itself succeeded\n" << text.str();
+  EXPECT_NE(text.str().find("'COMMIT' failed"), std::string::npos) << "the database opened; a commit failed\n" << text.str();
+}
+
 TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
   for (const auto& model : builtin_manifests()) {
     int rc = -1;

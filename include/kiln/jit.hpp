@@ -50,6 +50,9 @@ struct CompiledKernel {
   // "compiled", "disk" (the cache), "seed" (a seed database), or "memory" (an earlier call in this
   // process produced the same binary, e.g. for another signature that specializes identically)
   std::string origin;
+  // Whether the binary is in the on-disk cache (or a seed) where the next process finds it: false
+  // when the cache is memory only or the write failed (a full disk).
+  bool stored = false;
 };
 
 // The run-time and offline compilers kiln can use on this machine (`kiln devices` prints them).

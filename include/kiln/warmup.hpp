@@ -53,7 +53,8 @@ struct WarmupItem {
   // kShared: the same binary as another item of this run (the kernel does not specialize on the
   // properties in which the two signatures differ).
   enum class Status { kCompiled, kCached, kShared, kFailed, kCancelled } status = Status::kFailed;
-  std::string reason;  // for kFailed
+  std::string reason;   // for kFailed
+  bool stored = false;  // the binary is in the on-disk cache (or a seed) for the next process
   uint64_t bytes = 0;
   double milliseconds = 0;
 };
@@ -74,7 +75,8 @@ struct WarmupOptions {
 struct WarmupReport {
   std::vector<WarmupItem> items;
   size_t compiled = 0, cached = 0, shared = 0, failed = 0, cancelled = 0;
-  uint64_t bytes = 0;  // of compiled and cached binaries
+  size_t not_stored = 0;  // compiled or shared items whose binary did not reach the on-disk cache
+  uint64_t bytes = 0;     // of compiled and cached binaries
   double seconds = 0;
 };
 

@@ -476,9 +476,13 @@ void KernelCache::drop(const KernelKey& key, const std::string& why) {
   }
 }
 
-void KernelCache::publish(const CacheRow& row) {
+bool KernelCache::publish(const CacheRow& row) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!db_ || !writable_) return;
+  if (!db_ || !writable_) return false;
+  if (row.binary.empty()) {
+    log(LogLevel::kWarn, fmt::format("kiln cache: {} for {} compiled to an empty binary; not stored", row.kernel, row.target));
+    return false;
+  }
   try {
     const int64_t now = now_seconds();
     Transaction t(db_);
@@ -488,10 +492,16 @@ void KernelCache::publish(const CacheRow& row) {
     s.step();
     t.commit();
     counters_.bytes_written += row.binary.size();
-    evict_locked(max_bytes_, &row.key);
   } catch (const Error& e) {
     degrade("write", fmt::format("cannot write {}/kiln.db ({}); new kernels are kept in memory only", directory_, e.message()));
+    return false;
   }
+  try {
+    evict_locked(max_bytes_, &row.key);
+  } catch (const Error& e) {
+    degrade("evict", fmt::format("cannot evict from {}/kiln.db ({}); it may grow past its budget", directory_, e.message()));
+  }
+  return true;
 }
 
 std::optional<std::string> KernelCache::meta_get(const std::string& name) {

@@ -57,7 +57,9 @@ class KernelCache {
   // Removes a row of the writable database (e.g. one that failed to load).
   void drop(const KernelKey& key, const std::string& why);
   // Inserts or replaces one row in one transaction, then evicts down to the budget.
-  void publish(const CacheRow& row);
+  // True when the row is in the database once it returns; false when the cache is memory only, the
+  // write failed (the cache is then marked degraded) or the row's binary is empty.
+  bool publish(const CacheRow& row);
 
   // Remembered derived values (the meta table of the writable database); best effort.
   std::optional<std::string> meta_get(const std::string& name);

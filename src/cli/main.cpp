@@ -276,14 +276,17 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
                        {"kernel", i.kernel},
                        {"status", names[static_cast<int>(i.status)]},
                        {"reason", i.reason},
+                       {"stored", i.stored},
                        {"bytes", i.bytes},
                        {"ms", i.milliseconds}});
     }
-    std::cout << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled},         {"cached", r.cached},
-                      {"shared", r.shared},      {"failed", r.failed},         {"cancelled", r.cancelled},       {"seconds", r.seconds},
-                      {"bytes", r.bytes},        {"cache", cache.directory},   {"persistent", cache.persistent}, {"items", items}}
-                     .dump(2)
-              << "\n";
+    std::cout
+        << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled},         {"cached", r.cached},
+                {"shared", r.shared},      {"failed", r.failed},         {"cancelled", r.cancelled},       {"seconds", r.seconds},
+                {"bytes", r.bytes},        {"cache", cache.directory},   {"persistent", cache.persistent}, {"not_stored", r.not_stored},
+                {"items", items}}
+               .dump(2)
+        << "\n";
   } else {
     std::cout << fmt::format("warm-up of {} for {}: {} signatures x {} target(s)\n", manifest.model, fmt::join(options.targets, ","),
                              manifest.signatures.size(), options.targets.size());
@@ -297,9 +300,18 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
       if (i.status == kiln::WarmupItem::Status::kFailed)
         std::cout << fmt::format("  failed: {} on {}: {}\n", i.signature, i.target, i.reason);
     }
+    if (r.not_stored) {
+      std::cout << fmt::format("  NOT STORED {} (compiled, but not in the on-disk cache: {}):\n", r.not_stored,
+                               cache.degraded_reason.empty() ? "see the warnings above" : cache.degraded_reason);
+    }
+    for (const auto& i : r.items) {
+      const bool produced = i.status != kiln::WarmupItem::Status::kFailed && i.status != kiln::WarmupItem::Status::kCancelled;
+      if (produced && !i.stored) std::cout << fmt::format("  not stored: {} on {}\n", i.signature, i.target);
+    }
   }
   if (r.cancelled) return 130;
-  return r.failed || !cache.persistent ? 1 : 0;
+  // A cache that is not complete on disk must not be shipped as if it were.
+  return r.failed || r.not_stored || !cache.persistent ? 1 : 0;
 }
 
 int cmd_manifests() {

@@ -150,6 +150,7 @@ std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const Compi
   binary->result.lowered_name = std::move(found->row.entry);
   binary->result.compile_ms = found->row.compile_ms;
   binary->origin = found->tier == KernelCache::Tier::kDisk ? "disk" : "seed";
+  binary->stored = true;
   if (check) {
     try {
       check(*binary);
@@ -197,7 +198,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   row.entry = binary->result.lowered_name;
   row.binary = binary->result.binary;
   row.compile_ms = binary->result.compile_ms;
-  cache.publish(row);
+  binary->stored = cache.publish(row);
   return binary;
 }
 
@@ -295,6 +296,7 @@ CompiledKernel compile_for_target(const Signature& sig, const std::string& targe
   out.binary = binary->result.binary;
   out.compile_ms = binary->result.compile_ms;
   out.origin = shared ? "memory" : binary->origin;
+  out.stored = binary->stored;
   return out;
 }
 

@@ -19,6 +19,7 @@ struct CompiledBinary {
   KernelKey key;
   CompileResult result;
   const char* origin = "compiled";  // "compiled", "disk" (writable cache) or "seed"
+  bool stored = false;              // in the on-disk cache (or a seed) for the next process
 };
 
 // Throws when a binary cannot be used here (e.g. the driver refuses to load it).

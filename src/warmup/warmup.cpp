@@ -52,6 +52,7 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
           const CompiledKernel k = compile_for_target(manifest.signatures[i % per_target], item.target);
           item.kernel = k.kernel;
           item.bytes = k.binary.size();
+          item.stored = k.stored;
           item.status = k.origin == "compiled" ? WarmupItem::Status::kCompiled
                         : k.origin == "memory" ? WarmupItem::Status::kShared
                                                : WarmupItem::Status::kCached;
@@ -100,6 +101,9 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
   for (auto& t : threads) t.join();
 
   for (const auto& item : report.items) {
+    const bool produced = item.status == WarmupItem::Status::kCompiled || item.status == WarmupItem::Status::kShared ||
+                          item.status == WarmupItem::Status::kCached;
+    if (produced && !item.stored) ++report.not_stored;
     switch (item.status) {
       case WarmupItem::Status::kCompiled:
         ++report.compiled;
