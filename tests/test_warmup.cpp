@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,6 +82,41 @@ TEST(Manifest, ErrorsNameFileLineAndField) {
             "m.json:8: operators[0].signature.kv_dtype: sign");
   EXPECT_EQ(manifest_error(with("\"q_len\": 1,", "\"q_len\": 1,,")).substr(0, 30), "m.json:9: not valid JSON: [jso");
   EXPECT_EQ(manifest_error("[]"), "m.json:1: the manifest must be a JSON object");
+}
+
+// The probe's manifests that took gigabytes, a stack overflow or 2.2e10 signatures: each is now
+// refused at once, naming the bound (a manifest is parsed inside serving processes too).
+TEST(Manifest, BoundsOnSizeDepthArraysAndExpansion) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(manifest_error(std::string(200000, '[')), "m.json: arrays and objects nested 200000 deep; a manifest may nest at most 16");
+  EXPECT_EQ(manifest_error(std::string(5 << 20, ' ')), "m.json: 5242880 bytes; a manifest may have at most 4194304 bytes");
+  std::string wide = kValid;
+  std::string many = "[16";
+  for (int i = 1; i < 1025; ++i) many += ", 16";
+  wide.replace(wide.find("[16, 32, 64]"), 12, many + "]");
+  EXPECT_EQ(manifest_error(wide), "m.json:9: operators[0].signature.page_size: 1025 values; a key may list at most 1024");
+  // Seven keys of 30 values: 2.2e10 combinations.
+  std::string huge = kValid;
+  std::string thirty = "[0";
+  for (int i = 1; i < 30; ++i) thirty += ", " + std::to_string(i);
+  thirty += "]";
+  for (const char* key : {"\"head_dim\": 128", "\"group\": 8", "\"q_len\": 1"}) {
+    const std::string k(key);
+    huge.replace(huge.find(k), k.size(), k.substr(0, k.find(':') + 2) + thirty);
+  }
+  huge.replace(huge.find("[16, 32, 64]"), 12, thirty);
+  EXPECT_NE(manifest_error(huge).find("operators[0].signature: its arrays expand to more than the 65536 signatures"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  // A FIFO named as a manifest is refused instead of blocking the read.
+  const std::string fifo = (fs::temp_directory_path() / ("kiln-manifest-fifo-" + std::to_string(::getpid()))).string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    load_manifest(fifo);
+    ADD_FAILURE() << "accepted a FIFO";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("is not a regular file"), std::string::npos) << e.message();
+  }
+  fs::remove(fifo);
 }
 
 TEST(Manifest, BuiltinsCoverTheModels) {

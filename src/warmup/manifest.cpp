@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -23,6 +24,37 @@ extern const unsigned long kEmbeddedManifestsCount;
 namespace {
 
 using nlohmann::json;
+
+// Bounds on what a manifest may ask for, checked before the work they bound: a manifest is
+// parsed inside serving processes too (KILN_CAPTURE), so none may cost unbounded memory or stack.
+constexpr size_t kMaxManifestBytes = size_t{4} << 20;
+constexpr int kMaxManifestDepth = 16;         // a manifest needs 5 levels
+constexpr size_t kMaxValuesPerKey = 1024;     // values of one signature key
+constexpr size_t kMaxOperatorEntries = 4096;  // entries of "operators"
+constexpr size_t kMaxSignatures = 65536;      // signatures after expansion, whole manifest
+
+// The deepest nesting of arrays and objects in a JSON text (brackets inside strings skipped), in
+// one pass with no recursion.
+int max_nesting(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 // Line of every value in a JSON text, by path ("operators[0].signature.head_dim"). nlohmann
 // does not keep positions; the text has already been parsed, so this walk can be simple.
@@ -112,9 +144,24 @@ class LineMap {
   std::map<std::string, int> lines_;
 };
 
+// Refuses a text over the size or nesting bounds, before anything walks it.
+void check_manifest_bounds(const std::string& text, const std::string& source) {
+  if (text.size() > kMaxManifestBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: {} bytes; a manifest may have at most {} bytes", source, text.size(), kMaxManifestBytes));
+  }
+  const int depth = max_nesting(text);
+  if (depth > kMaxManifestDepth) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: arrays and objects nested {} deep; a manifest may nest at most {}", source, depth, kMaxManifestDepth));
+  }
+}
+
 class ManifestParser {
  public:
-  ManifestParser(const std::string& text, std::string source) : text_(text), source_(std::move(source)), lines_(text) {}
+  // The bounds are checked before LineMap walks the text (it recurses once per level).
+  ManifestParser(const std::string& text, std::string source)
+      : text_(text), source_(std::move(source)), lines_((check_manifest_bounds(text, source_), text)) {}
 
   Manifest parse() {
     json root;
@@ -143,9 +190,13 @@ class ManifestParser {
     if (!root.contains("operators") || !root["operators"].is_array() || root["operators"].empty()) {
       fail("operators", "must be a non-empty array of {\"op\": ..., \"signature\": {...}}");
     }
+    if (root["operators"].size() > kMaxOperatorEntries) {
+      fail("operators", fmt::format("{} entries; a manifest may have at most {}", root["operators"].size(), kMaxOperatorEntries));
+    }
     std::set<std::string> seen;
+    size_t expanded = 0;  // signatures produced so far, duplicates included
     for (size_t i = 0; i < root["operators"].size(); ++i) {
-      for (auto& sig : operator_entry(root["operators"][i], fmt::format("operators[{}]", i))) {
+      for (auto& sig : operator_entry(root["operators"][i], fmt::format("operators[{}]", i), &expanded)) {
         if (seen.insert(sig.canonical()).second) m.signatures.push_back(std::move(sig));
       }
     }
@@ -184,7 +235,9 @@ class ManifestParser {
     fail(path, fmt::format("{} must be a string, a non-negative integer or a boolean", v.dump()));
   }
 
-  std::vector<Signature> operator_entry(const json& entry, const std::string& path) const {
+  // `expanded` counts the signatures of the manifest so far: an entry whose arrays would take it
+  // past kMaxSignatures is refused before anything is expanded.
+  std::vector<Signature> operator_entry(const json& entry, const std::string& path, size_t* expanded) const {
     if (!entry.is_object()) fail(path, "must be an object {\"op\": ..., \"signature\": {...}}");
     for (const auto& [key, value] : entry.items()) {
       if (key != "op" && key != "signature") fail(path + "." + key, "unknown field (expected op, signature)");
@@ -215,12 +268,21 @@ class ManifestParser {
       std::vector<std::string> values;
       if (v.is_array()) {
         if (v.empty()) fail(field, "an array of values must not be empty");
+        if (v.size() > kMaxValuesPerKey) fail(field, fmt::format("{} values; a key may list at most {}", v.size(), kMaxValuesPerKey));
         for (size_t i = 0; i < v.size(); ++i) values.push_back(scalar(v[i], fmt::format("{}[{}]", field, i)));
       } else {
         values.push_back(scalar(v, field));
       }
       choices.emplace_back(k, std::move(values));
     }
+    size_t combinations = 1;
+    for (const auto& [k, values] : choices) {
+      combinations *= values.size();  // each factor <= kMaxValuesPerKey: checked against the bound at every step
+      if (combinations > kMaxSignatures - *expanded) {
+        fail(path + ".signature", fmt::format("its arrays expand to more than the {} signatures a manifest may hold", kMaxSignatures));
+      }
+    }
+    *expanded += combinations;
     std::vector<Signature> out = {Signature(op)};
     for (const auto& [k, values] : choices) {
       std::vector<Signature> next;
@@ -260,6 +322,19 @@ std::vector<std::string> builtin_manifests() {
 }
 
 Manifest load_manifest(const std::string& name_or_path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(name_or_path, ec);
+  if (!ec && std::filesystem::exists(status)) {
+    // A FIFO would block the read, and a huge file would be read whole before being refused.
+    if (!std::filesystem::is_regular_file(status)) {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("manifest: {} is not a regular file", name_or_path));
+    }
+    const auto size = std::filesystem::file_size(name_or_path, ec);
+    if (!ec && size > kMaxManifestBytes) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: {} bytes; a manifest may have at most {} bytes", name_or_path, size, kMaxManifestBytes));
+    }
+  }
   std::ifstream in(name_or_path, std::ios::binary);
   if (in) {
     std::stringstream text;
