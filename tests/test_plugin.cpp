@@ -5,6 +5,7 @@
 #include "jit/pipeline.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
+#include "kiln/kiln.h"
 #include "kiln/registry.hpp"
 #include "support/signatures.hpp"
 
@@ -33,6 +34,13 @@ TEST(Plugin, ItsSourceCompilesThroughTheJit) {
   EXPECT_EQ(k.kernel, "testplugin.attention.prefill.causal64");
   EXPECT_EQ(k.lowered_name, "testplugin_prefill");
   EXPECT_GT(k.binary.size(), 0u);
+}
+
+TEST(Plugin, EmptyPathIsRefused) {
+  // dlopen("") would hand back the main program.
+  EXPECT_THROW(load_plugin(""), Error);
+  EXPECT_EQ(kiln_load_plugin(""), KILN_ERROR_PLUGIN);
+  EXPECT_NE(std::string(kiln_last_error()).find("the path is empty"), std::string::npos) << kiln_last_error();
 }
 
 TEST(Plugin, AbiMismatchIsRefusedWithBothVersions) {

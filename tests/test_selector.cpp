@@ -137,6 +137,15 @@ TEST(Selector, OverrideByApiAndEnvironment) {
   }
   r.set_override(kPrefill, "");
   EXPECT_EQ(r.select(sig_with_head_dim(64), h)->name, "ref");
+  // A name that names no kernel of the operator is refused when it is set, listing the kernels.
+  try {
+    r.set_override(kPrefill, "nonexistent");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("no kernel named 'nonexistent' (registered: ref, fast)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(r.select(sig_with_head_dim(64), h)->name, "ref");
 
   ::setenv("KILN_OVERRIDE_ATTENTION_PREFILL", "ref", 1);
   EXPECT_EQ(r.select(sig_with_head_dim(128), h)->name, "ref");

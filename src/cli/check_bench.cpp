@@ -54,8 +54,8 @@ int driver_version() { return detail::launch_backend().runtime_version(); }
 }  // namespace
 
 int run_check(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, bool as_json) {
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
-  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
   auto problem = tools::make_problem(op_name, shape, seed);
   const Signature sig = problem->signature();
   const OperatorId op = sig.op();
@@ -109,8 +109,8 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
 
 int run_bench(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, double target_ms,
               bool as_json) {
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
-  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
   auto problem = tools::make_problem(op_name, shape, seed);
   const Signature sig = problem->signature();
   if (!kernel.empty()) Registry::global().set_override(sig.op(), kernel);

@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
 
   std::string cache_dir, file, kernel_filter;
   bool repair = false;
-  uint64_t max_size = 0;
+  int64_t max_size = 0;
   app.add_option("--cache", cache_dir, "Cache directory (default: KILN_CACHE_DIR, XDG_CACHE_HOME/kiln, ~/.cache/kiln)");
   auto* cache = app.add_subcommand("cache", "Inspect and maintain the on-disk kernel cache");
   cache->require_subcommand(1);
@@ -421,7 +421,9 @@ int main(int argc, char** argv) {
     if (*cache_ls) return cmd_cache_ls(cache_dir, as_json);
     if (*cache_verify) return cmd_cache_verify(cache_dir, repair, as_json);
     if (*cache_prune) {
-      const uint64_t removed = kiln::cache_prune(max_size ? max_size : kiln::cache_stats().max_bytes, cache_dir);
+      if (max_size < 0)
+        throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("--max-size: must be >= 0 bytes, got {}", max_size));
+      const uint64_t removed = kiln::cache_prune(max_size ? static_cast<uint64_t>(max_size) : kiln::cache_stats().max_bytes, cache_dir);
       std::cout << fmt::format("evicted {} entries\n", removed);
       return 0;
     }

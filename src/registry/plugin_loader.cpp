@@ -137,6 +137,8 @@ void register_plugin(const std::string& origin, const kiln_plugin* plugin, Regis
 }  // namespace detail
 
 void load_plugin(const std::string& path) {
+  // dlopen("") returns the main program, whose symbols are no plugin.
+  if (path.empty()) throw plugin_error(path, "the path is empty");
   std::error_code ec;
   const std::string canonical = std::filesystem::weakly_canonical(path, ec).string();
   std::lock_guard<std::mutex> lock(loaded_mutex());

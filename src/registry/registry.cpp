@@ -135,6 +135,20 @@ std::shared_ptr<const KernelSpec> Registry::find(const std::string& name) const 
 void Registry::set_override(const OperatorId& op, const std::string& kernel_name) {
   std::unique_lock lock(state_->mutex);
   const std::string key = op.family + "." + op.mode;
+  if (!kernel_name.empty()) {
+    // A name that names nothing would only fail at the next call, far from the mistake.
+    std::vector<std::string> names;
+    bool found = false;
+    for (const auto& k : state_->kernels) {
+      if (k->family != op.family || k->mode != op.mode) continue;
+      names.push_back(k->name);
+      found |= k->name == kernel_name;
+    }
+    if (!found) {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("override for {}: no kernel named '{}' (registered: {})", operator_name(op),
+                                                           kernel_name, fmt::join(names, ", ")));
+    }
+  }
   if (kernel_name.empty()) {
     state_->overrides.erase(key);
   } else {
