@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -149,6 +150,41 @@ TEST(Isolation, CancelledCompileStopsAHangingWorkerAtOnce) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not cancelled, 2: wrong message or too slow, 3/4: a later compile was not refused";
+}
+
+// What a worker leaves behind ends with the compile: a child holding its output does not hold the
+// caller until the time limit, its temporary folder is removed, and a kill from outside is not
+// called a compiler crash.
+TEST(Isolation, WorkerLeavesNothingBehind) {
+  const std::string dir = KILN_TEST_FAKE_WORKER_DIR;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    compile_in_worker(reference_request(), dir + "/kiln-fake-worker-orphan", 60);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0) << "waited for the orphan";
+
+  std::string message;
+  try {
+    compile_in_worker(reference_request(), dir + "/kiln-fake-worker-tmpdir", 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  const size_t at = message.find("TMPDIR=");
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::string tmpdir = message.substr(at + 7, message.find('\n', at) - at - 7);
+  EXPECT_NE(tmpdir.find("kiln-worker-"), std::string::npos) << tmpdir;
+  EXPECT_FALSE(std::filesystem::exists(tmpdir)) << tmpdir << " was left behind";
+
+  try {
+    compile_in_worker(reference_request(), dir + "/kiln-fake-worker-selfkill", 60);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kiln did not kill it"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Isolation, MissingWorkerIsAClearError) {

@@ -110,6 +110,24 @@ struct Fd {
   Fd& operator=(const Fd&) = delete;
 };
 
+// A private temporary folder for one worker, removed with everything in it when the compile ends.
+struct WorkerTempDir {
+  std::string path;
+  WorkerTempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "kiln-worker-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw Error(ErrorCode::kCompileFailed, fmt::format("cannot create a temporary folder {}: {}", pattern, strerror(errno)));
+    }
+    path = pattern;
+  }
+  ~WorkerTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  WorkerTempDir(const WorkerTempDir&) = delete;
+  WorkerTempDir& operator=(const WorkerTempDir&) = delete;
+};
+
 std::string describe_status(int status) {
   if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
@@ -240,21 +258,41 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
   if (pipe2(err_pipe, O_CLOEXEC) != 0) throw Error(ErrorCode::kCompileFailed, "pipe failed");
   Fd err_parent(err_pipe[0]), err_child(err_pipe[1]);
 
+  // The worker gets a private temporary folder (TMPDIR), removed when the compile ends however it
+  // ends, and its own process group, so that a time limit or a cancel also ends what it started
+  // (an offline clang) instead of leaving it running with the output pipe open.
+  const WorkerTempDir temp;
+  std::vector<std::string> environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "TMPDIR=", 7) != 0) environment.emplace_back(*e);
+  }
+  environment.push_back("TMPDIR=" + temp.path);
+  std::vector<char*> envp;
+  for (auto& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, in_child.fd, 0);
   posix_spawn_file_actions_adddup2(&actions, out_child.fd, 1);
   posix_spawn_file_actions_adddup2(&actions, err_child.fd, 2);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);  // a group of its own, led by the worker
   char* argv[] = {const_cast<char*>(worker_path.c_str()), nullptr};
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, worker_path.c_str(), &actions, nullptr, argv, environ);
+  const int spawned = posix_spawn(&pid, worker_path.c_str(), &actions, &attributes, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   if (spawned != 0) {
     throw Error(ErrorCode::kCompileFailed, fmt::format("cannot start compile worker {}: {}", worker_path, strerror(spawned)));
   }
   in_child.reset();
   out_child.reset();
   err_child.reset();
+  bool reaped = false;  // the worker exited and was waited for
+  int status = 0;
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
   const std::vector<uint8_t> payload = encode_request(request);
@@ -278,6 +316,12 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
       break;
     }
     if (compiles_cancelled.load()) break;
+    // A worker that exited while something it started still holds its pipes: end that group, so
+    // the pipes close now rather than at the time limit.
+    if (!reaped && waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      kill(-pid, SIGKILL);
+    }
     if (poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::min<long long>(left, 100))) < 0) {
       if (errno == EINTR) continue;
       break;
@@ -312,9 +356,11 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
     }
   }
   const bool cancelled = compiles_cancelled.load() && (out_parent.fd >= 0 || err_parent.fd >= 0);
-  if (timed_out || oversized || cancelled) kill(pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  const bool killed_by_kiln = timed_out || oversized || cancelled;
+  if (killed_by_kiln) kill(-pid, SIGKILL);  // the worker and everything it started
+  if (!reaped) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   const std::vector<std::string> options = request.options;
   if (cancelled) throw cancelled_compile(request);
@@ -327,9 +373,12 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
                                 fmt::format("the compile worker took longer than {} s and was killed\n{}", timeout_seconds, err));
   }
   if (!WIFEXITED(status) || out.empty()) {
-    throw Error::compile_failed(
-        request.kernel_name, request.target, options,
-        fmt::format("the compile worker {} {}; the compiler crashed on this kernel\n{}", worker_path, describe_status(status), err));
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker {} {}; {}\n{}", worker_path, describe_status(status),
+                                            WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
+                                                ? "kiln did not kill it: the OOM killer or another process did, not a compiler crash"
+                                                : "the compiler crashed on this kernel",
+                                            err));
   }
   const uint8_t tag = out.front();
   std::vector<uint8_t> body(out.begin() + 1, out.end());

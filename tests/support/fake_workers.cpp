@@ -7,10 +7,18 @@
 //   kiln-fake-worker-badtag       a reply of unknown kind (status byte 7)
 //   kiln-fake-worker-oldprotocol  a success reply without a protocol version (an older worker)
 //   kiln-fake-worker-oversized    a reply larger than kiln accepts
+//   kiln-fake-worker-orphan       exits 1 at once, leaving a child that holds its output for 60 s
+//   kiln-fake-worker-tmpdir       prints its TMPDIR, leaves a file there, then never answers
+//   kiln-fake-worker-selfkill     killed by SIGKILL, as by the OOM killer
 #include <unistd.h>
 
+#include <sys/types.h>
+
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -56,6 +64,24 @@ int main(int, char** argv) {
     write_all(reply, sizeof(reply));
     return 0;
   }
+  if (is(name, "orphan")) {
+    if (fork() == 0) {
+      sleep(60);  // holds stdout and stderr open
+      _exit(0);
+    }
+    return 1;
+  }
+  if (is(name, "tmpdir")) {
+    const char* dir = std::getenv("TMPDIR");
+    std::fprintf(stderr, "TMPDIR=%s\n", dir ? dir : "(none)");
+    std::fflush(stderr);
+    if (dir) {
+      const std::string file = std::string(dir) + "/left-behind";
+      if (FILE* f = std::fopen(file.c_str(), "w")) std::fclose(f);
+    }
+    while (true) pause();
+  }
+  if (is(name, "selfkill")) std::raise(SIGKILL);
   if (is(name, "oversized")) {
     const std::vector<unsigned char> chunk(1 << 20, 0);
     for (int i = 0; i < 300; ++i) write_all(chunk.data(), chunk.size());  // 300 MiB
