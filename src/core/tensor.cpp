@@ -1,5 +1,8 @@
 #include "kiln/tensor.hpp"
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
@@ -52,7 +55,10 @@ DType parse_dtype(const std::string& name, const char* what) {
 int64_t TensorView::numel() const {
   if (!defined()) return 0;
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
+  for (int i = 0; i < std::min(ndim, kMaxDims); ++i) {
+    // Saturates rather than overflow; validation (checked_numel) names such a shape.
+    if (__builtin_mul_overflow(n, shape[static_cast<size_t>(i)], &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 
@@ -61,7 +67,7 @@ bool TensorView::is_contiguous() const {
   for (int i = ndim - 1; i >= 0; --i) {
     auto d = static_cast<size_t>(i);
     if (shape[d] != 1 && strides[d] != expected) return false;
-    expected *= shape[d];
+    if (__builtin_mul_overflow(expected, shape[d], &expected)) return false;  // no such tensor fits in memory
   }
   return true;
 }
@@ -87,10 +93,11 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   }
   size_t i = 0;
   for (int64_t s : shape) t.shape[i++] = s;
+  // Strides of an absurd shape saturate instead of overflowing; validation then refuses the view.
   int64_t stride = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     t.strides[static_cast<size_t>(d)] = stride;
-    stride *= t.shape[static_cast<size_t>(d)];
+    if (__builtin_mul_overflow(stride, t.shape[static_cast<size_t>(d)], &stride)) stride = std::numeric_limits<int64_t>::max();
   }
   return t;
 }
