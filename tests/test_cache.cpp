@@ -375,9 +375,14 @@ std::vector<std::string> race(const std::string& cache_dir, const std::vector<st
   fs::create_directories(base);
   std::string script = "cd " + base.string() + "; ";
   for (size_t i = 0; i < sigs.size(); ++i) {
+    // Under the sanitizer build, LeakSanitizer's exit-time scan of these racing processes crashed
+    // ("Tracer caught signal 11") on dynamic-TLS records that NVRTC, loaded in each to compute
+    // its identity, leaves behind. The scan is a sanitizer runtime fault, not a leak; these tests
+    // are about the cache, and the CLI's leak checks run in every other CLI test.
     script += fmt::format(
-        "( {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; echo $? > rc.{} ) & ", env,
-        cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
+        "( ASAN_OPTIONS=detect_leaks=0 {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; "
+        "echo $? > rc.{} ) & ",
+        env, cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
   }
   script += "wait";
   EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
