@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "cache/kernel_cache.hpp"
 #include "jit/compiler.hpp"
 #include "jit/key.hpp"
 #include "jit/pipeline.hpp"
@@ -93,6 +94,32 @@ TEST(Compile, SameKeyCompilesOncePerProcess) {
   for (int i = 0; i < 8; ++i) results.push_back(std::async(std::launch::async, [&] { return detail::get_or_compile(request); }));
   const auto first = results[0].get();
   for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i].get().get(), first.get());
+}
+
+// A cache row whose checksum matches but whose bytes are no CUBIN (a bundle written by another
+// program) is dropped and the kernel compiled again; it is never handed to the driver.
+TEST(Compile, RowThatIsNoBinaryForItsTargetIsDroppedAndRebuilt) {
+  Signature sig({kFamilyAttention, kModePrefill});
+  sig.set("dtype", "bf16").set("head_dim", int64_t{224}).set("group", int64_t{3}).set_flag("causal", true);
+  for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
+  const auto request = detail::build_request(*Registry::global().find("attention.prefill.reference"), sig, platform_for_target("sm_86"));
+  detail::CacheRow row;
+  row.key = detail::compute_key(request, detail::compiler_identity(request.compiler));
+  row.kernel = request.kernel_name;
+  row.op = request.op;
+  row.signature = request.signature;
+  row.target = request.target;
+  row.backend = "cuda";
+  row.compiler = detail::compiler_identity(request.compiler);
+  row.entry = "not_a_kernel";
+  row.binary.assign(4096, 0x42);  // checksummed by publish, so only its content is wrong
+  ASSERT_TRUE(detail::KernelCache::process().publish(row));
+  const auto binary = detail::get_or_compile(request);
+  EXPECT_STREQ(binary->origin, "compiled");
+  ASSERT_GE(binary->result.binary.size(), 4u);
+  EXPECT_EQ(std::string(binary->result.binary.begin(), binary->result.binary.begin() + 4),
+            "\x7f"
+            "ELF");
 }
 
 class KeyTest : public ::testing::Test {

@@ -74,6 +74,9 @@ class VendorBackend {
   // Runs the request's compiler in this process (an offline compiler as a child process under
   // `timeout_seconds`). Throws kiln::Error(kCompileFailed) with the log.
   virtual CompileResult compile(const CompileRequest& request, double timeout_seconds) = 0;
+  // Why `binary` cannot be this vendor's binary for `target` (not an ELF of its machine, or built
+  // for another target), or nullopt. Checked on every binary a compiler returns or a cache serves.
+  virtual std::optional<std::string> binary_problem(const std::string& target, const std::vector<uint8_t>& binary) const = 0;
   // Its compilers, what they build of `targets` here, or why not (`kiln devices`).
   virtual void report_compilers(const std::vector<std::string>& targets, const IdentityMemo& memo, std::vector<CompilerReport>& out) = 0;
 

@@ -144,6 +144,12 @@ std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const Compi
                                                  const std::string& identity, const BinaryCheck& check) {
   auto found = cache.lookup(key, request.target, identity);
   if (!found) return nullptr;
+  // A row with a good checksum can still hold something that is no binary for this target (a
+  // bundle written by another program): refused before anything loads it.
+  if (auto why = backend_for(request.compiler).binary_problem(request.target, found->row.binary)) {
+    if (found->tier == KernelCache::Tier::kDisk) cache.drop(key, "it is no binary for " + request.target + ": " + *why);
+    return nullptr;
+  }
   auto binary = std::make_shared<CompiledBinary>();
   binary->key = key;
   binary->result.binary = std::move(found->row.binary);
@@ -185,6 +191,9 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   cache.counters().compile_us += static_cast<uint64_t>(binary->result.compile_ms * 1000);
   log(LogLevel::kInfo, fmt::format("compiled {} for {} in {:.0f} ms ({} bytes, key {})", request.kernel_name, request.target,
                                    binary->result.compile_ms, binary->result.binary.size(), key.hex()));
+  if (auto why = backend_for(request.compiler).binary_problem(request.target, binary->result.binary)) {
+    throw Error::compile_failed(request.kernel_name, request.target, request.options, "the compiler returned no usable binary: " + *why);
+  }
   if (check) check(*binary);  // a binary that does not load is never published
   CacheRow row;
   row.key = key;

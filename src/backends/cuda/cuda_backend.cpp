@@ -1,4 +1,6 @@
 // NVIDIA's implementation of the backend interface: the driver API (device.hpp) and NVRTC.
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "backends/backend.hpp"
@@ -70,6 +72,22 @@ class CudaBackend final : public VendorBackend {
   }
 
   CompileResult compile(const CompileRequest& request, double) override { return nvrtc_compile(request); }
+
+  // A CUBIN is a 64-bit little-endian ELF of machine EM_CUDA (190). The SM in its flags is left to
+  // the driver, which refuses a binary of another arch at load.
+  std::optional<std::string> binary_problem(const std::string&, const std::vector<uint8_t>& binary) const override {
+    constexpr uint16_t kEmCuda = 190;
+    if (binary.size() < 64 || std::memcmp(binary.data(),
+                                          "\x7f"
+                                          "ELF",
+                                          4) != 0)
+      return std::string("not an ELF file");
+    if (binary[4] != 2 || binary[5] != 1) return std::string("not a 64-bit little-endian ELF");
+    uint16_t machine = 0;
+    std::memcpy(&machine, binary.data() + 18, 2);
+    if (machine != kEmCuda) return fmt::format("ELF machine {} is not CUDA ({})", machine, kEmCuda);
+    return std::nullopt;
+  }
 
   void report_compilers(const std::vector<std::string>& targets, const IdentityMemo& memo, std::vector<CompilerReport>& out) override {
     CompilerReport nvrtc{"nvrtc", "", {}, ""};

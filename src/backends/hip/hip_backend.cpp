@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backends/backend.hpp"
+#include "backends/hip/code_object.hpp"
 #include "backends/hip/hiprtc.hpp"
 #include "backends/hip/offline_clang.hpp"
 #include "backends/hip/runtime.hpp"
@@ -81,6 +82,16 @@ class HipBackend final : public VendorBackend {
   CompileResult compile(const CompileRequest& request, double timeout_seconds) override {
     if (request.compiler == CompilerKind::kClang) return clang_compile(request, timeout_seconds);
     return hiprtc_compile(request);
+  }
+
+  std::optional<std::string> binary_problem(const std::string& target, const std::vector<uint8_t>& binary) const override {
+    try {
+      const CodeObjectInfo info = read_code_object(binary);
+      if (!target_runs(info.target, target)) return fmt::format("a code object for {}, not {}", info.target, target);
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::nullopt;
   }
 
   void report_compilers(const std::vector<std::string>& targets, const IdentityMemo& memo, std::vector<CompilerReport>& out) override {
