@@ -7,11 +7,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "backends/cuda/nvrtc.hpp"
 #include "jit/compiler.hpp"
 #include "jit/pipeline.hpp"
+#include "jit/sources.hpp"
 #include "kiln/error.hpp"
 #include "kiln/registry.hpp"
 
@@ -185,6 +187,34 @@ TEST(Isolation, WorkerLeavesNothingBehind) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kiln did not kill it"), std::string::npos) << e.what();
   }
+}
+
+// Code kiln loads or runs from outside its cache gets the cache's trust rules: a plugin, a compile
+// worker or a kernel-source folder that other users can write (here: a folder of mode 0777
+// without the sticky bit) is refused, naming what and why.
+TEST(Isolation, CodeOtherUsersCanWriteIsRefused) {
+  namespace fs = std::filesystem;
+  const fs::path open = fs::temp_directory_path() / ("kiln-untrusted-" + std::to_string(::getpid()));
+  fs::remove_all(open);
+  fs::create_directories(open / "sources");
+  fs::copy_file(KILN_TEST_PLUGIN_GOOD, open / "plugin.so");
+  fs::copy_file(KILN_TEST_FAKE_WORKER_CRASH, open / "worker");
+  fs::permissions(open, fs::perms::all);
+  fs::permissions(open / "sources", fs::perms::all);
+  auto expect_refused = [](const std::function<void()>& run, const char* what) {
+    try {
+      run();
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("writable by other users"), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  expect_refused([&] { load_plugin((open / "plugin.so").string()); }, "plugin");
+  expect_refused([&] { compile_in_worker(reference_request(), (open / "worker").string(), 30); }, "worker");
+  setenv("KILN_KERNEL_SOURCES", (open / "sources").c_str(), 1);
+  expect_refused([] { read_kernel_file("common/prelude.cuh"); }, "KILN_KERNEL_SOURCES");
+  unsetenv("KILN_KERNEL_SOURCES");
+  fs::remove_all(open);
 }
 
 TEST(Isolation, MissingWorkerIsAClearError) {

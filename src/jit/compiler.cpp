@@ -24,6 +24,7 @@
 #include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "core/env.hpp"
+#include "core/file_trust.hpp"
 #include "kiln/error.hpp"
 
 extern char** environ;
@@ -243,6 +244,7 @@ void cancel_compiles() noexcept { compiles_cancelled.store(true); }
 
 CompileResult compile_in_worker(const CompileRequest& request, const std::string& worker_path, double timeout_seconds) {
   if (compiles_cancelled.load()) throw cancelled_compile(request);
+  if (auto why = untrusted_code_path(worker_path, "compile worker")) throw Error(ErrorCode::kCompileFailed, *why);
   if (::access(worker_path.c_str(), X_OK) != 0) {
     throw Error(ErrorCode::kCompileFailed, fmt::format("compile worker {} is missing or not executable (set KILN_COMPILE_WORKER, or "
                                                        "KILN_COMPILE_ISOLATION=inprocess)",

@@ -10,6 +10,7 @@
 
 #include "core/embedded_file.hpp"
 #include "core/env.hpp"
+#include "core/file_trust.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -29,6 +30,7 @@ std::string read_kernel_file(const std::string& name) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("kernel source '{}': must be a relative path inside kernel-sources/", name));
   }
   if (auto dir = env_string("KILN_KERNEL_SOURCES")) {
+    if (auto why = untrusted_code_path(*dir, "KILN_KERNEL_SOURCES")) throw Error(ErrorCode::kInvalidArgument, *why);
     const std::string path = *dir + "/" + name;
     std::ifstream in(path, std::ios::binary);
     if (!in) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/env.hpp"
+#include "core/file_trust.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
 #include "kiln/plugin.h"
@@ -139,6 +140,8 @@ void register_plugin(const std::string& origin, const kiln_plugin* plugin, Regis
 void load_plugin(const std::string& path) {
   // dlopen("") returns the main program, whose symbols are no plugin.
   if (path.empty()) throw plugin_error(path, "the path is empty");
+  // A plugin runs inside the process and its kernels on the GPU: the cache's trust rules apply.
+  if (auto why = detail::untrusted_code_path(path, "plugin")) throw plugin_error(path, *why);
   std::error_code ec;
   const std::string canonical = std::filesystem::weakly_canonical(path, ec).string();
   std::lock_guard<std::mutex> lock(loaded_mutex());
