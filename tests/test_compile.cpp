@@ -205,13 +205,14 @@ TEST(Driver, MissingDriverIsAClearErrorWhileOfflineCompilesWork) {
 TEST(Driver, OperatorCallWithoutDriverNamesLibcuda) {
   if (!detect_devices().devices.empty()) GTEST_SKIP() << "a GPU is present; covered by the subprocess test";
   MhaDecodeArgs a;
-  void* p = reinterpret_cast<void*>(0x100000000ull);
-  a.q = TensorView::contiguous(p, DType::kBF16, {1, 8, 64});
-  a.out = a.q;
-  a.k_cache = TensorView::contiguous(p, DType::kBF16, {4, 16, 1, 64});
-  a.v_cache = a.k_cache;
-  a.page_table = TensorView::contiguous(p, DType::kI32, {1, 4});
-  a.cache_seqlens = TensorView::contiguous(p, DType::kI32, {1});
+  // Distinct (never dereferenced) addresses: an output may not alias an input.
+  auto at = [](uint64_t slot) { return reinterpret_cast<void*>(0x100000000ull + slot * 0x100000ull); };
+  a.q = TensorView::contiguous(at(0), DType::kBF16, {1, 8, 64});
+  a.out = TensorView::contiguous(at(1), DType::kBF16, {1, 8, 64});
+  a.k_cache = TensorView::contiguous(at(2), DType::kBF16, {4, 16, 1, 64});
+  a.v_cache = TensorView::contiguous(at(3), DType::kBF16, {4, 16, 1, 64});
+  a.page_table = TensorView::contiguous(at(4), DType::kI32, {1, 4});
+  a.cache_seqlens = TensorView::contiguous(at(5), DType::kI32, {1});
   try {
     mha_decode_with_kvcache(a, nullptr);
     FAIL();

@@ -99,6 +99,10 @@ TEST(Validation, Prefill) {
                },
            .expect = "q: expected rank 3, got 2"},
           {.name = "q dtype", .breaks = [](auto& a) { a.q.dtype = DType::kF32; }, .expect = "q: expected dtype bf16 or f16, got f32"},
+          {.name = "out aliases q", .breaks = [](auto& a) { a.out.data = a.q.data; }, .expect = "out: overlaps q in memory"},
+          {.name = "out overlaps the end of v",
+           .breaks = [](auto& a) { a.out.data = static_cast<char*>(a.v.data) + 16; },
+           .expect = "out: overlaps v in memory"},
           {.name = "stride-0 dimension of absurd size",
            .breaks =
                [](auto& a) {
@@ -227,96 +231,98 @@ TEST(Validation, Decode) {
   static int lens_short[] = {10, 1, 5, 5};
   static int pages_bad[64] = {0};
   run_cases<MhaDecodeArgs>(
-      &valid_decode, {
-                         {.name = "q_len range", .breaks = [](auto& a) { a.q_len = 9; }, .expect = "q_len: must be 1..8"},
-                         {.name = "q rows", .breaks = [](auto& a) { a.q_len = 3; }, .expect = "q: dimension 0 (8) must be batch * q_len"},
-                         {.name = "cache rank",
-                          .breaks =
-                              [](auto& a) {
-                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 1024});
-                              },
-                          .expect = "k_cache: expected rank 4"},
-                         {.name = "cache dtype",
-                          .breaks =
-                              [](auto& a) {
-                                a.k_cache.dtype = DType::kF16;
-                                a.v_cache.dtype = DType::kF16;
-                              },
-                          .expect = "k_cache: dtype must be q's dtype bf16 or e4m3"},
-                         {.name = "k/v dtype",
-                          .breaks = [](auto& a) { a.v_cache.dtype = DType::kF8E4M3; },
-                          .expect = "v_cache: dtype e4m3 must match k_cache's dtype bf16"},
-                         {.name = "v shape",
-                          .breaks =
-                              [](auto& a) {
-                                a.v_cache = dev(fake(3), DType::kBF16, {64, 32, 8, 128});
-                              },
-                          .expect = "v_cache: dimension 1 must be k_cache's size = 16"},
-                         {.name = "head_dim",
-                          .breaks =
-                              [](auto& a) {
-                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 8, 64});
-                              },
-                          .expect = "k_cache: dimension 3 must be q's head_dim = 128"},
-                         {.name = "gqa",
-                          .breaks =
-                              [](auto& a) {
-                                a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 3, 128});
-                                a.v_cache = dev(fake(3), DType::kBF16, {64, 16, 3, 128});
-                              },
-                          .expect = "Hq = 32 must be a multiple of Hkv = 3"},
-                         {.name = "page table batch",
-                          .breaks =
-                              [](auto& a) {
-                                a.page_table = dev(fake(4), DType::kI32, {5, 16});
-                              },
-                          .expect = "page_table: dimension 0 must be batch (q rows / q_len) = 4"},
-                         {.name = "seqlens batch",
-                          .breaks = [](auto& a) { a.cache_seqlens = dev(fake(5), DType::kI32, {3}); },
-                          .expect = "cache_seqlens: dimension 0 must be batch"},
-                         {.name = "page table dtype",
-                          .breaks = [](auto& a) { a.page_table.dtype = DType::kI64; },
-                          .expect = "page_table: expected dtype i32"},
-                         {.name = "out shape",
-                          .breaks =
-                              [](auto& a) {
-                                a.out = dev(fake(6), DType::kBF16, {4, 32, 128});
-                              },
-                          .expect = "out: dimension 0 must be q's size = 8"},
-                         {.name = "fp8 scale",
-                          .breaks =
-                              [](auto& a) {
-                                a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
-                                a.k_scale = 0.0f;
-                              },
-                          .expect = "k_scale: must be finite and > 0"},
-                         {.name = "host seqlens too long",
-                          .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_too_long, DType::kI32, {4}, kHostDevice); },
-                          .expect = "cache_seqlens[1] = 300 is outside [0, max_pages_per_seq * page_size = 256]"},
-                         {.name = "host seqlens < q_len",
-                          .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_short, DType::kI32, {4}, kHostDevice); },
-                          .expect = "cache_seqlens[1] = 1 is smaller than q_len = 2"},
-                         {.name = "host page index",
-                          .breaks =
-                              [](auto& a) {
-                                pages_bad[3] = 64;
-                                a.page_table = TensorView::contiguous(pages_bad, DType::kI32, {4, 16}, kHostDevice);
-                              },
-                          .expect = "page_table[0][3] = 64 is outside [0, num_pages = 64)"},
-                         {.name = "lse",
-                          .breaks =
-                              [](auto& a) {
-                                a.lse = dev(fake(7), DType::kF32, {4, 32});
-                              },
-                          .expect = "lse: dimension 0 must be q rows = 8"},
-                         {.name = "sinks",
-                          .breaks = [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {33}); },
-                          .expect = "sinks: dimension 0 must be Hq = 32"},
-                         {.name = "window", .breaks = [](auto& a) { a.window_left = -5; }, .expect = "window_left"},
-                         {.name = "cache misaligned",
-                          .breaks = [](auto& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; },
-                          .expect = "k_cache: data pointer"},
-                     });
+      &valid_decode,
+      {
+          {.name = "q_len range", .breaks = [](auto& a) { a.q_len = 9; }, .expect = "q_len: must be 1..8"},
+          {.name = "out in the cache", .breaks = [](auto& a) { a.out.data = a.k_cache.data; }, .expect = "out: overlaps k_cache in memory"},
+          {.name = "q rows", .breaks = [](auto& a) { a.q_len = 3; }, .expect = "q: dimension 0 (8) must be batch * q_len"},
+          {.name = "cache rank",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 1024});
+               },
+           .expect = "k_cache: expected rank 4"},
+          {.name = "cache dtype",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache.dtype = DType::kF16;
+                 a.v_cache.dtype = DType::kF16;
+               },
+           .expect = "k_cache: dtype must be q's dtype bf16 or e4m3"},
+          {.name = "k/v dtype",
+           .breaks = [](auto& a) { a.v_cache.dtype = DType::kF8E4M3; },
+           .expect = "v_cache: dtype e4m3 must match k_cache's dtype bf16"},
+          {.name = "v shape",
+           .breaks =
+               [](auto& a) {
+                 a.v_cache = dev(fake(3), DType::kBF16, {64, 32, 8, 128});
+               },
+           .expect = "v_cache: dimension 1 must be k_cache's size = 16"},
+          {.name = "head_dim",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 8, 64});
+               },
+           .expect = "k_cache: dimension 3 must be q's head_dim = 128"},
+          {.name = "gqa",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 3, 128});
+                 a.v_cache = dev(fake(3), DType::kBF16, {64, 16, 3, 128});
+               },
+           .expect = "Hq = 32 must be a multiple of Hkv = 3"},
+          {.name = "page table batch",
+           .breaks =
+               [](auto& a) {
+                 a.page_table = dev(fake(4), DType::kI32, {5, 16});
+               },
+           .expect = "page_table: dimension 0 must be batch (q rows / q_len) = 4"},
+          {.name = "seqlens batch",
+           .breaks = [](auto& a) { a.cache_seqlens = dev(fake(5), DType::kI32, {3}); },
+           .expect = "cache_seqlens: dimension 0 must be batch"},
+          {.name = "page table dtype",
+           .breaks = [](auto& a) { a.page_table.dtype = DType::kI64; },
+           .expect = "page_table: expected dtype i32"},
+          {.name = "out shape",
+           .breaks =
+               [](auto& a) {
+                 a.out = dev(fake(6), DType::kBF16, {4, 32, 128});
+               },
+           .expect = "out: dimension 0 must be q's size = 8"},
+          {.name = "fp8 scale",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
+                 a.k_scale = 0.0f;
+               },
+           .expect = "k_scale: must be finite and > 0"},
+          {.name = "host seqlens too long",
+           .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_too_long, DType::kI32, {4}, kHostDevice); },
+           .expect = "cache_seqlens[1] = 300 is outside [0, max_pages_per_seq * page_size = 256]"},
+          {.name = "host seqlens < q_len",
+           .breaks = [](auto& a) { a.cache_seqlens = TensorView::contiguous(lens_short, DType::kI32, {4}, kHostDevice); },
+           .expect = "cache_seqlens[1] = 1 is smaller than q_len = 2"},
+          {.name = "host page index",
+           .breaks =
+               [](auto& a) {
+                 pages_bad[3] = 64;
+                 a.page_table = TensorView::contiguous(pages_bad, DType::kI32, {4, 16}, kHostDevice);
+               },
+           .expect = "page_table[0][3] = 64 is outside [0, num_pages = 64)"},
+          {.name = "lse",
+           .breaks =
+               [](auto& a) {
+                 a.lse = dev(fake(7), DType::kF32, {4, 32});
+               },
+           .expect = "lse: dimension 0 must be q rows = 8"},
+          {.name = "sinks",
+           .breaks = [](auto& a) { a.sinks = dev(fake(8), DType::kF32, {33}); },
+           .expect = "sinks: dimension 0 must be Hq = 32"},
+          {.name = "window", .breaks = [](auto& a) { a.window_left = -5; }, .expect = "window_left"},
+          {.name = "cache misaligned",
+           .breaks = [](auto& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; },
+           .expect = "k_cache: data pointer"},
+      });
 }
 
 TEST(Validation, DecodeSignature) {
@@ -335,6 +341,7 @@ TEST(Validation, Moe) {
       &valid_moe,
       {
           {.name = "x dtype", .breaks = [](auto& a) { a.x.dtype = DType::kF16; }, .expect = "x: expected dtype bf16"},
+          {.name = "in place", .breaks = [](auto& a) { a.out.data = a.x.data; }, .expect = "out: overlaps x in memory"},
           {.name = "out shape",
            .breaks =
                [](auto& a) {

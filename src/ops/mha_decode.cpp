@@ -109,6 +109,8 @@ void validate(const MhaDecodeArgs& a) {
       }
     }
   }
+  detail::check_disjoint(a.out, "out", {{&a.q, "q"}, {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}, {&a.lse, "lse"}});
+  detail::check_disjoint(a.lse, "lse", {{&a.q, "q"}, {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}});
 }
 
 void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {

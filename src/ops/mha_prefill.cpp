@@ -99,6 +99,8 @@ void validate(const MhaPrefillArgs& a) {
   if (!std::isfinite(a.softmax_scale)) invalid_argument("softmax_scale: must be finite");
   if (!std::isfinite(a.softcap) || a.softcap < 0) invalid_argument(fmt::format("softcap: must be >= 0 (0 = none), got {}", a.softcap));
   if (a.window_left < -1) invalid_argument(fmt::format("window_left: must be -1 (none) or >= 0, got {}", a.window_left));
+  detail::check_disjoint(a.out, "out", {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.lse, "lse"}});
+  detail::check_disjoint(a.lse, "lse", {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
 }
 
 void mha_prefill(const MhaPrefillArgs& a, Stream stream) {

@@ -123,6 +123,7 @@ void validate(const MoeArgs& a) {
   }
   check_same_device(a.topk_ids, "topk_ids", a.x, "x");
   check_same_device(a.topk_weights, "topk_weights", a.x, "x");
+  detail::check_disjoint(a.out, "out", {{&a.x, "x"}, {&a.w13, "w13"}, {&a.w2, "w2"}, {&a.router_logits, "router_logits"}});
 }
 
 void moe_apply(const MoeArgs& a, Stream stream) {

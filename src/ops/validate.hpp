@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "kiln/tensor.hpp"
 
@@ -26,6 +27,10 @@ void check_optional_tensor(const TensorView& t, const TensorRule& rule);
 // dimensions included), else kiln::Error(kInvalidArgument) naming `name`. TensorView::numel()
 // itself does not check, and an overflowed count is how absurd shapes slipped through.
 int64_t checked_numel(const TensorView& t, const char* name);
+
+// Refuses an output whose bytes overlap an input's (the kernels read inputs while other CTAs write
+// the output, so an in-place call would read half-written values). Both already checked.
+void check_disjoint(const TensorView& out, const char* out_name, std::initializer_list<std::pair<const TensorView*, const char*>> inputs);
 
 void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* expected_what);
 void check_same_device(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name);

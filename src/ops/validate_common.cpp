@@ -6,6 +6,8 @@
 #include "kiln/error.hpp"
 #include "ops/validate.hpp"
 
+#include <optional>
+
 namespace kiln::detail {
 
 void invalid_argument(const std::string& message) { throw Error(ErrorCode::kInvalidArgument, message); }
@@ -71,6 +73,31 @@ int64_t checked_numel(const TensorView& t, const char* name) {
     n *= size;
   }
   return n;
+}
+
+namespace {
+
+// The bytes a checked tensor spans: [first, last] of its elements, or nothing when it is empty.
+std::optional<std::pair<uintptr_t, uintptr_t>> byte_extent(const TensorView& t) {
+  if (!t.defined() || t.data == nullptr || t.numel() == 0) return std::nullopt;
+  uint64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += static_cast<uint64_t>(t.size(d) - 1) * static_cast<uint64_t>(t.stride(d));
+  const auto first = reinterpret_cast<uintptr_t>(t.data);
+  return std::pair{first, first + (last + 1) * dtype_size(t.dtype) - 1};
+}
+
+}  // namespace
+
+void check_disjoint(const TensorView& out, const char* out_name, std::initializer_list<std::pair<const TensorView*, const char*>> inputs) {
+  const auto o = byte_extent(out);
+  if (!o) return;
+  for (const auto& [in, name] : inputs) {
+    if (in->device != out.device) continue;
+    const auto i = byte_extent(*in);
+    if (i && o->first <= i->second && i->first <= o->second) {
+      invalid_argument(fmt::format("{}: overlaps {} in memory; the output must not alias an input", out_name, name));
+    }
+  }
 }
 
 void check_optional_tensor(const TensorView& t, const TensorRule& rule) {
