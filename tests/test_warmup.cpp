@@ -140,10 +140,16 @@ class WarmupTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string run(const std::string& args, int* rc, const std::string& environment = "") const {
-    const std::string out = (dir_ / "out").string();
-    const int status = std::system(
-        fmt::format("{} KILN_CACHE_DIR={}/cache {} {} > {} 2>&1", environment, dir_.string(), KILN_TEST_CLI, args, out).c_str());
+    int status = 0;
+    const std::string out =
+        shell(fmt::format("{} KILN_CACHE_DIR={}/cache {} {}", environment, dir_.string(), KILN_TEST_CLI, args), &status);
     *rc = WEXITSTATUS(status);
+    return out;
+  }
+  // Runs a shell command with its output to a file; returns that output, `*status` as system() gave it.
+  std::string shell(const std::string& command, int* status) const {
+    const std::string out = (dir_ / "out").string();
+    *status = std::system(fmt::format("{} > {} 2>&1", command, out).c_str());
     std::ifstream in(out);
     std::stringstream s;
     s << in.rdbuf();
@@ -160,41 +166,35 @@ TEST_F(WarmupTest, ThreadLimitRunsOnTheThreadsItGot) {
   }
   fs::create_directories(dir_ / "cache");
   ASSERT_EQ(std::system(fmt::format("chown -R nobody:nogroup {} && chmod 700 {}/cache", dir_.string(), dir_.string()).c_str()), 0);
-  const std::string out = (dir_ / "out").string();
-  const int status = std::system(
+  int status = 0;
+  const std::string text = shell(
       fmt::format(
           "setpriv --reuid=nobody --regid=nogroup --clear-groups prlimit --nproc=12 env HOME=/nonexistent ASAN_OPTIONS=detect_leaks=0 "
           "KILN_CACHE_DIR={}/cache KILN_COMPILE_ISOLATION=inprocess {} warmup --manifest llama-3.1-8b "
-          "--target sm_80,sm_86,sm_89,sm_90a -j 200 > {} 2>&1",
-          dir_.string(), KILN_TEST_CLI, out)
-          .c_str());
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  ASSERT_TRUE(WIFEXITED(status)) << text.str();
-  EXPECT_EQ(WEXITSTATUS(status), 0) << text.str();
-  EXPECT_NE(text.str().find("worker threads"), std::string::npos) << "the limit should have bitten:\n" << text.str();
-  EXPECT_NE(text.str().find("failed     0"), std::string::npos) << text.str();
+          "--target sm_80,sm_86,sm_89,sm_90a -j 200",
+          dir_.string(), KILN_TEST_CLI),
+      &status);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text;
+  EXPECT_NE(text.find("worker threads"), std::string::npos) << "the limit should have bitten:\n" << text;
+  EXPECT_NE(text.find("failed     0"), std::string::npos) << text;
 }
 
 // A warm-up whose writes fail (here a 200 KiB file-size limit, as on a nearly full disk: the
 // database and its first rows fit, later commits fail) must not look like a complete cache: it
 // exits 1 and names every signature that did not reach the disk.
 TEST_F(WarmupTest, WritesThatFailAreReportedAndFailTheRun) {
-  const std::string out = (dir_ / "out").string();
-  const int status = std::system(fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 200; KILN_CACHE_DIR={}/cache {} warmup -j 1 "
-                                             "--manifest gpt-oss-120b --target sm_90a > {} 2>&1'",
-                                             dir_.string(), KILN_TEST_CLI, out)
-                                     .c_str());
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  ASSERT_TRUE(WIFEXITED(status)) << text.str();
-  EXPECT_EQ(WEXITSTATUS(status), 1) << text.str();
-  EXPECT_NE(text.str().find("NOT STORED"), std::string::npos) << text.str();
-  EXPECT_NE(text.str().find("not stored: attention.decode:"), std::string::npos) << text.str();
-  EXPECT_NE(text.str().find("failed     0"), std::string::npos) << "every compile itself succeeded\n" << text.str();
-  EXPECT_NE(text.str().find("'COMMIT' failed"), std::string::npos) << "the database opened; a commit failed\n" << text.str();
+  int status = 0;
+  const std::string text = shell(fmt::format("bash -c 'trap \"\" XFSZ; ulimit -f 200; KILN_CACHE_DIR={}/cache {} warmup -j 1 "
+                                             "--manifest gpt-oss-120b --target sm_90a'",
+                                             dir_.string(), KILN_TEST_CLI),
+                                 &status);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find("NOT STORED"), std::string::npos) << text;
+  EXPECT_NE(text.find("not stored: attention.decode:"), std::string::npos) << text;
+  EXPECT_NE(text.find("failed     0"), std::string::npos) << "every compile itself succeeded\n" << text;
+  EXPECT_NE(text.find("'COMMIT' failed"), std::string::npos) << "the database opened; a commit failed\n" << text;
 }
 
 TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {

@@ -55,6 +55,8 @@ struct WarmupItem {
   enum class Status { kCompiled, kCached, kShared, kFailed, kCancelled } status = Status::kFailed;
   std::string reason;   // for kFailed
   bool stored = false;  // the binary is in the on-disk cache (or a seed) for the next process
+  // A binary came of it (compiled, cached or shared), whether or not it was stored.
+  bool produced() const { return status == Status::kCompiled || status == Status::kCached || status == Status::kShared; }
   uint64_t bytes = 0;
   double milliseconds = 0;
 };

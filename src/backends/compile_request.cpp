@@ -20,18 +20,20 @@ const char* compiler_kind_name(CompilerKind kind) {
 
 namespace {
 
-// Throws when a message was written by another protocol version.
-void check_protocol(const json& j, const char* what) {
+// Throws when a message was written by another protocol version (1: before messages carried one).
+void check_protocol(const json& j, const char* sender) {
   const auto it = j.find("protocol");
   const int version = it != j.end() && it->is_number_integer() ? it->get<int>() : 1;
-  if (version != kWorkerProtocolVersion) {
-    throw Error(ErrorCode::kCompileFailed,
-                fmt::format("{} speaks worker protocol {}, this kiln speaks {}: install the kiln-compile-worker of the same release", what,
-                            version, kWorkerProtocolVersion));
-  }
+  if (auto why = worker_protocol_mismatch(version, sender)) throw Error(ErrorCode::kCompileFailed, *why);
 }
 
 }  // namespace
+
+std::optional<std::string> worker_protocol_mismatch(int version, const char* sender) {
+  if (version == kWorkerProtocolVersion) return std::nullopt;
+  return fmt::format("{} speaks worker protocol {}, this kiln speaks {}: install the kiln-compile-worker of the same release", sender,
+                     version, kWorkerProtocolVersion);
+}
 
 std::vector<uint8_t> encode_request(const CompileRequest& r) {
   json j;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,9 @@ struct CompileResult {
 inline constexpr int kWorkerProtocolVersion = 2;
 // Replies larger than this are refused (and the worker killed): a binary is a few MB.
 inline constexpr size_t kMaxWorkerReplyBytes = size_t{256} << 20;
+
+// Why a message of protocol `version` from `sender` cannot be read here, or nullopt.
+std::optional<std::string> worker_protocol_mismatch(int version, const char* sender);
 
 std::vector<uint8_t> encode_request(const CompileRequest& request);
 CompileRequest decode_request(const std::vector<uint8_t>& bytes);

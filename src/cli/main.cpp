@@ -308,8 +308,7 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
                                cache.degraded_reason.empty() ? "see the warnings above" : cache.degraded_reason);
     }
     for (const auto& i : r.items) {
-      const bool produced = i.status != kiln::WarmupItem::Status::kFailed && i.status != kiln::WarmupItem::Status::kCancelled;
-      if (produced && !i.stored) std::cout << fmt::format("  not stored: {} on {}\n", i.signature, i.target);
+      if (i.produced() && !i.stored) std::cout << fmt::format("  not stored: {} on {}\n", i.signature, i.target);
     }
   }
   if (r.cancelled) return 130;

@@ -25,6 +25,7 @@
 #include "cache/kernel_cache.hpp"
 #include "core/env.hpp"
 #include "core/file_trust.hpp"
+#include "core/temporary_folder.hpp"
 #include "kiln/error.hpp"
 
 extern char** environ;
@@ -111,24 +112,6 @@ struct Fd {
   Fd& operator=(const Fd&) = delete;
 };
 
-// A private temporary folder for one worker, removed with everything in it when the compile ends.
-struct WorkerTempDir {
-  std::string path;
-  WorkerTempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "kiln-worker-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) {
-      throw Error(ErrorCode::kCompileFailed, fmt::format("cannot create a temporary folder {}: {}", pattern, strerror(errno)));
-    }
-    path = pattern;
-  }
-  ~WorkerTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  WorkerTempDir(const WorkerTempDir&) = delete;
-  WorkerTempDir& operator=(const WorkerTempDir&) = delete;
-};
-
 std::string describe_status(int status) {
   if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
@@ -164,11 +147,9 @@ WorkerError parse_worker_error(const std::vector<uint8_t>& body) {
   if (!j.is_object()) throw std::invalid_argument("the error reply is not a map");
   const int protocol = j.contains("protocol") ? j.at("protocol").get<int>() : 1;
   WorkerError e;
-  if (protocol != kWorkerProtocolVersion) {
+  if (auto why = worker_protocol_mismatch(protocol, "the compile worker")) {
     e.code = ErrorCode::kCompileFailed;
-    e.log = fmt::format(
-        "the compile worker speaks worker protocol {}, this kiln speaks {}: install the kiln-compile-worker of the same release", protocol,
-        kWorkerProtocolVersion);
+    e.log = *why;
     return e;
   }
   const int code = j.at("code").get<int>();
@@ -263,12 +244,12 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
   // The worker gets a private temporary folder (TMPDIR), removed when the compile ends however it
   // ends, and its own process group, so that a time limit or a cancel also ends what it started
   // (an offline clang) instead of leaving it running with the output pipe open.
-  const WorkerTempDir temp;
+  const TemporaryFolder temp("kiln-worker");
   std::vector<std::string> environment;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "TMPDIR=", 7) != 0) environment.emplace_back(*e);
   }
-  environment.push_back("TMPDIR=" + temp.path);
+  environment.push_back("TMPDIR=" + temp.path().string());
   std::vector<char*> envp;
   for (auto& e : environment) envp.push_back(e.data());
   envp.push_back(nullptr);

@@ -189,9 +189,10 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   binary->result = compile(request, settings);
   cache.counters().compiles++;
   cache.counters().compile_us += static_cast<uint64_t>(binary->result.compile_ms * 1000);
+  const VendorBackend& backend = backend_for(request.compiler);
   log(LogLevel::kInfo, fmt::format("compiled {} for {} in {:.0f} ms ({} bytes, key {})", request.kernel_name, request.target,
                                    binary->result.compile_ms, binary->result.binary.size(), key.hex()));
-  if (auto why = backend_for(request.compiler).binary_problem(request.target, binary->result.binary)) {
+  if (auto why = backend.binary_problem(request.target, binary->result.binary)) {
     throw Error::compile_failed(request.kernel_name, request.target, request.options, "the compiler returned no usable binary: " + *why);
   }
   if (check) check(*binary);  // a binary that does not load is never published
@@ -201,7 +202,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   row.op = request.op;
   row.signature = request.signature;
   row.target = request.target;
-  row.backend = backend_for(request.compiler).name();
+  row.backend = backend.name();
   row.compiler = identity;
   row.options = fmt::format("{}", fmt::join(request.options, " "));
   row.entry = binary->result.lowered_name;

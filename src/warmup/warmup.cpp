@@ -101,9 +101,7 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
   for (auto& t : threads) t.join();
 
   for (const auto& item : report.items) {
-    const bool produced = item.status == WarmupItem::Status::kCompiled || item.status == WarmupItem::Status::kShared ||
-                          item.status == WarmupItem::Status::kCached;
-    if (produced && !item.stored) ++report.not_stored;
+    if (item.produced() && !item.stored) ++report.not_stored;
     switch (item.status) {
       case WarmupItem::Status::kCompiled:
         ++report.compiled;

@@ -42,13 +42,12 @@ std::vector<std::string> nvrtc_candidates() {
 // thread-local storage, and unloading it leaves stale dynamic-TLS records in the process (LSan's
 // leak check then crashed reading them); it also costs a reload per compile. Kept loaded here, as
 // kiln keeps every vendor library. Best effort: NVRTC loads it itself when this finds nothing.
-void keep_builtins_loaded(const std::string& nvrtc_path) {
-  const std::string dir = nvrtc_path.find('/') == std::string::npos ? "" : std::filesystem::path(nvrtc_path).parent_path().string() + "/";
+void keep_builtins_loaded(const DynamicLibrary& nvrtc) {
+  const std::string& path = nvrtc.path();
+  const std::string dir = path.find('/') == std::string::npos ? "" : std::filesystem::path(path).parent_path().string() + "/";
   int major = 0, minor = 0;
-  using Version = nvrtcResult (*)(int*, int*);
-  void* handle = dlopen(nvrtc_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  const auto version = handle ? reinterpret_cast<Version>(dlsym(handle, "nvrtcVersion")) : nullptr;
-  if (version == nullptr || version(&major, &minor) != NVRTC_SUCCESS) return;
+  const auto version = reinterpret_cast<decltype(&nvrtcVersion)>(nvrtc.symbol("nvrtcVersion"));
+  if (version(&major, &minor) != NVRTC_SUCCESS) return;
   for (const std::string& name :
        {fmt::format("{}libnvrtc-builtins.so.{}.{}", dir, major, minor), fmt::format("libnvrtc-builtins.so.{}.{}", major, minor)}) {
     if (dlopen(name.c_str(), RTLD_NOW | RTLD_NODELETE) != nullptr) return;
@@ -58,7 +57,7 @@ void keep_builtins_loaded(const std::string& nvrtc_path) {
 const DynamicLibrary& nvrtc_library() {
   static const std::unique_ptr<DynamicLibrary> lib = [] {
     auto loaded = std::make_unique<DynamicLibrary>("NVRTC (libnvrtc)", nvrtc_candidates());
-    keep_builtins_loaded(loaded->path());
+    keep_builtins_loaded(*loaded);
     return loaded;
   }();
   return *lib;

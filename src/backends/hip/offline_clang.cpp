@@ -22,6 +22,7 @@
 
 #include "backends/hip/code_object.hpp"
 #include "core/env.hpp"
+#include "core/temporary_folder.hpp"
 #include "kiln/error.hpp"
 
 extern char** environ;
@@ -77,28 +78,6 @@ ProcessResult run_process(const std::vector<std::string>& argv, const fs::path& 
   return result;
 }
 
-// A private folder that is removed on every path out.
-class TemporaryFolder {
- public:
-  TemporaryFolder() {
-    std::string pattern = (fs::temp_directory_path() / "kiln-clang-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) {
-      throw Error(ErrorCode::kCompileFailed, fmt::format("cannot create a temporary folder {}: {}", pattern, strerror(errno)));
-    }
-    path_ = pattern;
-  }
-  ~TemporaryFolder() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TemporaryFolder(const TemporaryFolder&) = delete;
-  TemporaryFolder& operator=(const TemporaryFolder&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 // Writes `text` at `name` under `root`; a name that would leave `root` is refused.
 void write_file(const fs::path& root, const std::string& name, const std::string& text) {
   const fs::path relative = fs::path(name).lexically_normal();
@@ -120,7 +99,7 @@ std::string version_text_of(const std::string& path) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = texts.find(path);
   if (it != texts.end()) return it->second;
-  TemporaryFolder folder;
+  const TemporaryFolder folder("kiln-clang");
   const ProcessResult r = run_process({path, "--version"}, folder.path() / "version.txt", 30);
   const bool ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
   return texts.emplace(path, ok ? r.output : std::string()).first->second;
@@ -221,7 +200,7 @@ CompileResult clang_compile(const CompileRequest& r, double timeout_seconds) {
   const auto clang = find_clang(&why);
   if (!clang) throw Error(ErrorCode::kUnsupported, why);
   const auto start = std::chrono::steady_clock::now();
-  TemporaryFolder folder;
+  const TemporaryFolder folder("kiln-clang");
   for (const auto& [name, text] : r.headers) write_file(folder.path(), name, text);
   // NVRTC and hipRTC instantiate the name expression themselves; clang instantiates what the
   // program odr-uses, so the program takes the kernel's address.
