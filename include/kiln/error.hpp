@@ -17,6 +17,7 @@ enum class ErrorCode {
   kCacheError = 6,       // the on-disk cache could not be used
   kPluginError = 7,      // a plugin could not be loaded or was refused
   kInternal = 8,         // a bug in kiln
+  kGraphCapture = 9,     // the call needs a compile or a load while its stream captures a graph
 };
 
 const char* error_code_name(ErrorCode code);

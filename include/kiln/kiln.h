@@ -27,7 +27,8 @@ typedef enum kiln_status {
   KILN_ERROR_DRIVER = 5,
   KILN_ERROR_CACHE = 6,
   KILN_ERROR_PLUGIN = 7,
-  KILN_ERROR_INTERNAL = 8
+  KILN_ERROR_INTERNAL = 8,
+  KILN_ERROR_GRAPH_CAPTURE = 9 /* a compile or load was needed while the stream captured a graph */
 } kiln_status;
 
 typedef enum kiln_dtype {
@@ -110,6 +111,31 @@ KILN_API kiln_status kiln_explain_json(const char* op, const char* signature, co
 KILN_API kiln_status kiln_set_override(const char* op, const char* kernel_name);
 KILN_API kiln_status kiln_load_plugin(const char* path);
 KILN_API void kiln_free_string(char* s);
+
+/* Scratch memory (kiln/scratch.hpp): kiln takes every kernel workspace from `allocate` and hands
+ * it to `release` once the launch is enqueued on `stream`; the allocator must be stream-ordered.
+ * allocate returns NULL when it cannot. Both NULL restores kiln's stream-ordered pool. */
+typedef void* (*kiln_scratch_allocate_fn)(size_t bytes, int32_t device, void* stream, void* user);
+typedef void (*kiln_scratch_release_fn)(void* pointer, size_t bytes, int32_t device, void* stream, void* user);
+KILN_API kiln_status kiln_set_scratch_allocator(kiln_scratch_allocate_fn allocate, kiln_scratch_release_fn release, void* user);
+
+/* Prepare-only mode of the calling thread (kiln::PrepareOnly): enter 1 starts it, enter 0 ends
+ * the innermost one. While on, operator calls select, compile and load their kernel and launch
+ * nothing: run a step under it before capturing the step in a CUDA graph. */
+KILN_API kiln_status kiln_prepare_only(int32_t enter);
+
+/* Log messages (level: 0 debug, 1 info, 2 warn, 3 error) go to `callback` instead of stderr,
+ * from any thread; NULL restores stderr. kiln_set_log_level: 0..3, 4 silences. */
+typedef void (*kiln_log_fn)(int32_t level, const char* message, void* user);
+KILN_API kiln_status kiln_set_log_callback(kiln_log_fn callback, void* user);
+KILN_API kiln_status kiln_set_log_level(int32_t level);
+
+/* This process's cache: directory, state and counters (kiln::CacheStats) as JSON. */
+KILN_API kiln_status kiln_cache_stats_json(char** json_out);
+/* Warm-up (kiln::warmup): manifest is a built-in model name or a manifest file; targets are
+ * comma-separated ("sm_90a,sm_80"); jobs 0 means one per core. The report lists every item;
+ * failed items do not make the call fail. */
+KILN_API kiln_status kiln_warmup_json(const char* manifest, const char* targets, int32_t jobs, char** report_json);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include "kiln/log.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/platform.hpp"
+#include "kiln/scratch.hpp"
 #include "kiln/signature.hpp"
 #include "kiln/tensor.hpp"
 #include "kiln/warmup.hpp"

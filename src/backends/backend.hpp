@@ -14,6 +14,7 @@
 #include "kiln/jit.hpp"
 #include "kiln/platform.hpp"
 #include "kiln/registry.hpp"
+#include "kiln/scratch.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln::detail {
@@ -97,10 +98,13 @@ class VendorBackend {
                       const std::string& kernel_name) = 0;
 
   // ---- memory and time
-  // Scratch ordered on `stream` (allocated, its first `zeroed_bytes` cleared, freed on the
-  // stream): capturable in a CUDA graph. KILN_POISON_WORKSPACE=1 fills the rest with 0xFF.
-  virtual void* scratch_alloc(const LaunchScope& scope, size_t bytes, size_t zeroed_bytes, Stream stream) = 0;
-  virtual void scratch_free(void* pointer, Stream stream) noexcept = 0;
+  // Device memory ordered on `stream` (from the device's default pool, freed on the stream):
+  // capturable in a CUDA graph. kiln's scratch when the engine registers no ScratchAllocator.
+  virtual void* stream_alloc(const LaunchScope& scope, size_t bytes, Stream stream) = 0;
+  virtual void stream_free(void* pointer, Stream stream) noexcept = 0;
+  virtual void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream) = 0;
+  // Whether `stream` is capturing a graph: then nothing may compile, load or synchronize.
+  virtual bool stream_capturing(Stream stream) = 0;
   // Plain device memory of the current device, for tools and tests.
   virtual void* device_alloc(size_t bytes) = 0;
   virtual void device_free(void* pointer) noexcept = 0;
@@ -154,19 +158,26 @@ class ScopedLaunch {
 };
 
 // Scratch for one launch, freed on its stream when the scope ends (after the launch is enqueued).
+// A kernel's workspace for one launch: from the engine's ScratchAllocator when one is registered
+// (kiln/scratch.hpp), else from the backend's stream-ordered pool; its first `zeroed_bytes` cleared
+// on the stream (KILN_POISON_WORKSPACE=1 fills the rest with 0xFF); released on the stream when
+// the scope ends, after the launch is enqueued.
 class ScopedScratch {
  public:
-  ScopedScratch(VendorBackend& backend, const LaunchScope& scope, size_t bytes, size_t zeroed_bytes, Stream stream)
-      : backend_(backend), stream_(stream), pointer_(backend.scratch_alloc(scope, bytes, zeroed_bytes, stream)) {}
-  ~ScopedScratch() { backend_.scratch_free(pointer_, stream_); }
+  ScopedScratch(VendorBackend& backend, const LaunchScope& scope, size_t bytes, size_t zeroed_bytes, Stream stream);
+  ~ScopedScratch();
   ScopedScratch(const ScopedScratch&) = delete;
   ScopedScratch& operator=(const ScopedScratch&) = delete;
   void* pointer() const { return pointer_; }
 
  private:
+  void release() noexcept;
   VendorBackend& backend_;
+  ScratchAllocator allocator_;
+  int device_;
+  size_t bytes_;
   Stream stream_;
-  void* pointer_;
+  void* pointer_ = nullptr;
 };
 
 }  // namespace kiln::detail

@@ -2,16 +2,24 @@
 // a status code plus a thread-local message. No exception crosses this file's functions.
 #include "kiln/kiln.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/cache.hpp"
 #include "kiln/error.hpp"
+#include "kiln/log.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/platform.hpp"
 #include "kiln/registry.hpp"
+#include "kiln/scratch.hpp"
+#include "kiln/warmup.hpp"
+#include "warmup/report_json.hpp"
 
 namespace {
 
@@ -27,6 +35,7 @@ kiln_status status_of(kiln::ErrorCode code) {
     case kiln::ErrorCode::kCacheError: return KILN_ERROR_CACHE;
     case kiln::ErrorCode::kPluginError: return KILN_ERROR_PLUGIN;
     case kiln::ErrorCode::kInternal: return KILN_ERROR_INTERNAL;
+    case kiln::ErrorCode::kGraphCapture: return KILN_ERROR_GRAPH_CAPTURE;
   }
   return KILN_ERROR_INTERNAL;
 }
@@ -99,7 +108,7 @@ kiln::Platform platform_named_or_current(const char* target) {
 extern "C" {
 
 const char* kiln_last_error(void) { return last_error.c_str(); }
-const char* kiln_version(void) { return "0.1.0"; }
+const char* kiln_version(void) { return KILN_VERSION_STRING; }
 
 kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* a, void* stream) {
   return guarded([&] {
@@ -218,5 +227,81 @@ kiln_status kiln_load_plugin(const char* path) {
 }
 
 void kiln_free_string(char* s) { std::free(s); }
+
+kiln_status kiln_set_scratch_allocator(kiln_scratch_allocate_fn allocate, kiln_scratch_release_fn release, void* user) {
+  return guarded([&] {
+    kiln::ScratchAllocator a;
+    a.allocate = allocate;
+    a.release = release;
+    a.user = user;
+    kiln::set_scratch_allocator(a);
+  });
+}
+
+kiln_status kiln_prepare_only(int32_t enter) {
+  // The C face of kiln::PrepareOnly: one scope per unmatched enter, per thread.
+  thread_local std::vector<std::unique_ptr<kiln::PrepareOnly>> scopes;
+  return guarded([&] {
+    if (enter != 0) {
+      scopes.push_back(std::make_unique<kiln::PrepareOnly>());
+    } else if (scopes.empty()) {
+      throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "enter: 0 ends a prepare-only mode, and this thread is in none");
+    } else {
+      scopes.pop_back();
+    }
+  });
+}
+
+kiln_status kiln_set_log_callback(kiln_log_fn callback, void* user) {
+  return guarded([&] {
+    if (callback == nullptr) {
+      kiln::set_log_callback(nullptr);
+    } else {
+      kiln::set_log_callback([callback, user](kiln::LogLevel level, const std::string& message) {
+        callback(static_cast<int32_t>(level), message.c_str(), user);
+      });
+    }
+  });
+}
+
+kiln_status kiln_set_log_level(int32_t level) {
+  return guarded([&] {
+    if (level < 0 || level > static_cast<int32_t>(kiln::LogLevel::kOff)) {
+      throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("level: {} is outside 0 (debug) .. 4 (off)", level));
+    }
+    kiln::set_log_level(static_cast<kiln::LogLevel>(level));
+  });
+}
+
+kiln_status kiln_cache_stats_json(char** json_out) {
+  return guarded([&] {
+    require(json_out, "json_out");
+    *json_out = copy_string(kiln::detail::cache_stats_json(kiln::cache_stats()).dump());
+  });
+}
+
+kiln_status kiln_warmup_json(const char* manifest, const char* targets, int32_t jobs, char** report_json) {
+  return guarded([&] {
+    require(manifest, "manifest");
+    require(targets, "targets");
+    require(report_json, "report_json");
+    if (jobs < 0) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("jobs: {} is negative (0: one per core)", jobs));
+    kiln::WarmupOptions options;
+    std::string rest = targets;
+    for (size_t at = 0; at <= rest.size();) {
+      const size_t comma = std::min(rest.find(',', at), rest.size());
+      if (comma > at) options.targets.push_back(rest.substr(at, comma - at));
+      at = comma + 1;
+    }
+    if (options.targets.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "targets: name at least one target (e.g. sm_90a)");
+    for (const auto& t : options.targets) kiln::platform_for_target(t);  // a wrong target fails before the manifest is read
+    options.jobs = jobs;
+    const kiln::Manifest m = kiln::load_manifest(manifest);
+    nlohmann::json out = kiln::detail::warmup_report_json(kiln::warmup(m, options));
+    out["model"] = m.model;
+    out["targets"] = options.targets;
+    *report_json = copy_string(out.dump());
+  });
+}
 
 }  // extern "C"

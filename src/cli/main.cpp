@@ -24,6 +24,7 @@
 #include "jit/compiler.hpp"
 #include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
+#include "warmup/report_json.hpp"
 
 namespace {
 
@@ -173,11 +174,7 @@ std::string human_bytes(uint64_t b) {
 int cmd_cache_stats(bool as_json) {
   const kiln::CacheStats s = kiln::cache_stats();
   if (as_json) {
-    std::cout << json{{"directory", s.directory}, {"persistent", s.persistent}, {"degraded_reason", s.degraded_reason},
-                      {"seeds", s.seeds},         {"entries", s.entries},       {"bytes", s.bytes},
-                      {"max_bytes", s.max_bytes}}
-                     .dump(2)
-              << "\n";
+    std::cout << kiln::detail::cache_stats_json(s).dump(2) << "\n";
   } else {
     std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
                              s.persistent ? "persistent" : "memory only: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
@@ -271,25 +268,12 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
   const kiln::WarmupReport r = kiln::warmup(manifest, options);
   const kiln::CacheStats cache = kiln::cache_stats();
   if (as_json) {
-    json items = json::array();
-    static const char* names[] = {"compiled", "cached", "shared", "failed", "cancelled"};
-    for (const auto& i : r.items) {
-      items.push_back({{"signature", i.signature},
-                       {"target", i.target},
-                       {"kernel", i.kernel},
-                       {"status", names[static_cast<int>(i.status)]},
-                       {"reason", i.reason},
-                       {"stored", i.stored},
-                       {"bytes", i.bytes},
-                       {"ms", i.milliseconds}});
-    }
-    std::cout
-        << json{{"model", manifest.model}, {"targets", options.targets}, {"compiled", r.compiled},         {"cached", r.cached},
-                {"shared", r.shared},      {"failed", r.failed},         {"cancelled", r.cancelled},       {"seconds", r.seconds},
-                {"bytes", r.bytes},        {"cache", cache.directory},   {"persistent", cache.persistent}, {"not_stored", r.not_stored},
-                {"items", items}}
-               .dump(2)
-        << "\n";
+    json out = kiln::detail::warmup_report_json(r);
+    out["model"] = manifest.model;
+    out["targets"] = options.targets;
+    out["cache"] = cache.directory;
+    out["persistent"] = cache.persistent;
+    std::cout << out.dump(2) << "\n";
   } else {
     std::cout << fmt::format("warm-up of {} for {}: {} signatures x {} target(s)\n", manifest.model, fmt::join(options.targets, ","),
                              manifest.signatures.size(), options.targets.size());

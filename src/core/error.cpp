@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kCacheError: return "cache error";
     case ErrorCode::kPluginError: return "plugin error";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kGraphCapture: return "graph capture";
   }
   return "unknown error";
 }

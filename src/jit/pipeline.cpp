@@ -103,10 +103,20 @@ std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, Vendor
     if (it != table.entries.end()) kernel = it->second;
   }
   if (!kernel || kernel->registry_generation != Registry::global().generation()) {
+    if (backend.stream_capturing(call.stream)) {
+      const Signature sig = call.make_signature(call.args);
+      throw Error(ErrorCode::kGraphCapture,
+                  fmt::format("{}: the stream is capturing a graph, and no kernel is loaded in this process for signature '{}' on "
+                              "device {}; selecting, compiling and loading one cannot be captured. Run this call once before "
+                              "capture (eagerly, or under kiln::PrepareOnly / kiln.prepare_only())",
+                              operator_name(sig.op()), sig.canonical(), scope.device));
+    }
     kernel = load_kernel(call, backend, scope);
   }
   return kernel;
 }
+
+thread_local int prepare_only_depth = 0;
 
 }  // namespace
 
@@ -273,6 +283,7 @@ void run_operator(const OperatorCall& call) {
   const ScopedLaunch launch(backend, call.device);
   const LaunchScope& scope = launch.get();
   const auto kernel = find_loaded(call, backend, scope);
+  if (prepare_only_depth > 0) return;
   const Platform& platform = *scope.platform;
   const LaunchShape shape = kernel->spec->launch_shape(call.params, platform);
   std::optional<ScopedScratch> scratch;  // freed on the stream after the launch
@@ -288,6 +299,9 @@ void run_operator(const OperatorCall& call) {
 }  // namespace kiln::detail
 
 namespace kiln {
+
+PrepareOnly::PrepareOnly() { ++detail::prepare_only_depth; }
+PrepareOnly::~PrepareOnly() { --detail::prepare_only_depth; }
 
 CompiledKernel compile_for_target(const Signature& sig, const std::string& target) {
   const Platform platform = platform_for_target(target);

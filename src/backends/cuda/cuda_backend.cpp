@@ -140,10 +140,10 @@ class CudaBackend final : public VendorBackend {
                  kernel_name);
   }
 
-  void* scratch_alloc(const LaunchScope&, size_t bytes, size_t zeroed_bytes, Stream stream) override {
-    return cuda::scratch_alloc(bytes, zeroed_bytes, stream);
-  }
-  void scratch_free(void* pointer, Stream stream) noexcept override { cuda::scratch_free(pointer, stream); }
+  void* stream_alloc(const LaunchScope&, size_t bytes, Stream stream) override { return cuda::stream_alloc(bytes, stream); }
+  void stream_free(void* pointer, Stream stream) noexcept override { cuda::stream_free(pointer, stream); }
+  void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream) override { cuda::fill_async(pointer, value, bytes, stream); }
+  bool stream_capturing(Stream stream) override { return cuda::stream_capturing(stream); }
 
   void* device_alloc(size_t bytes) override {
     CUdeviceptr pointer = 0;

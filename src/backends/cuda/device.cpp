@@ -226,30 +226,30 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
   }
 }
 
-void* scratch_alloc(size_t bytes, size_t zeroed_bytes, Stream stream) {
-  // Read before allocating: a malformed value throws.
-  const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
-  const auto cu_stream = static_cast<CUstream>(stream);
+void* stream_alloc(size_t bytes, Stream stream) {
   CUdeviceptr pointer = 0;
-  KILN_CU_CALL(cuMemAllocAsync, &pointer, bytes, cu_stream);
-  zeroed_bytes = std::min(zeroed_bytes, bytes);
-  CUresult cleared = zeroed_bytes ? KILN_CU_FN(cuMemsetD8Async)(pointer, 0, zeroed_bytes, cu_stream) : CUDA_SUCCESS;
-  if (cleared == CUDA_SUCCESS && poison && zeroed_bytes < bytes) {
-    cleared = KILN_CU_FN(cuMemsetD8Async)(pointer + zeroed_bytes, 0xFF, bytes - zeroed_bytes, cu_stream);
-  }
-  if (cleared != CUDA_SUCCESS) {
-    KILN_CU_FN(cuMemFreeAsync)(pointer, cu_stream);
-    throw_driver_error(cleared, "cuMemsetD8Async", __FILE__, __LINE__);
-  }
+  KILN_CU_CALL(cuMemAllocAsync, &pointer, bytes, static_cast<CUstream>(stream));
   return reinterpret_cast<void*>(pointer);
 }
 
-void scratch_free(void* pointer, Stream stream) noexcept {
+void stream_free(void* pointer, Stream stream) noexcept {
   try {
     KILN_CU_FN(cuMemFreeAsync)(reinterpret_cast<CUdeviceptr>(pointer), static_cast<CUstream>(stream));
   } catch (...) {
-    // Unreachable: scratch_alloc resolved the same driver.
+    // Unreachable: stream_alloc resolved the same driver.
   }
+}
+
+void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream) {
+  KILN_CU_CALL(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(pointer), value, bytes, static_cast<CUstream>(stream));
+}
+
+bool stream_capturing(Stream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // An error here (the legacy stream while another stream captures globally) means capture is
+  // under way somewhere that this stream would disturb: report it as capturing.
+  const CUresult result = KILN_CU_FN(cuStreamIsCapturing)(static_cast<CUstream>(stream), &status);
+  return result != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 }  // namespace kiln::detail::cuda

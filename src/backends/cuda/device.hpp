@@ -84,11 +84,13 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
             const std::string& kernel_name);
 
 // Device memory ordered on `stream`: allocated from the current device's memory pool
-// (cuMemAllocAsync), its first `zeroed_bytes` cleared before any later work on the stream (the
-// rest holds whatever the pool hands over; 0xFF with KILN_POISON_WORKSPACE=1), freed on the stream
-// by scratch_free, so it is released after the kernels enqueued meanwhile, and capturable in a
-// CUDA graph. Throws kiln::Error(kDriverError), e.g. when the pool is out of memory.
-void* scratch_alloc(size_t bytes, size_t zeroed_bytes, Stream stream);
-void scratch_free(void* pointer, Stream stream) noexcept;
+// (cuMemAllocAsync) and freed on the stream, so it is released after the kernels enqueued
+// meanwhile, and capturable in a CUDA graph. Throws kiln::Error(kDriverError), e.g. when the pool
+// is out of memory.
+void* stream_alloc(size_t bytes, Stream stream);
+void stream_free(void* pointer, Stream stream) noexcept;
+void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream);
+// Whether `stream` is capturing a CUDA graph.
+bool stream_capturing(Stream stream);
 
 }  // namespace kiln::detail::cuda

@@ -156,10 +156,12 @@ class HipBackend final : public VendorBackend {
     hip::launch(scope.device, function.function, shape, params, stream, kernel_name);
   }
 
-  void* scratch_alloc(const LaunchScope& scope, size_t bytes, size_t zeroed_bytes, Stream stream) override {
-    return hip::scratch_alloc(scope.device, bytes, zeroed_bytes, stream);
+  void* stream_alloc(const LaunchScope& scope, size_t bytes, Stream stream) override {
+    return hip::stream_alloc(scope.device, bytes, stream);
   }
-  void scratch_free(void* pointer, Stream stream) noexcept override { hip::scratch_free(pointer, stream); }
+  void stream_free(void* pointer, Stream stream) noexcept override { hip::stream_free(pointer, stream); }
+  void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream) override { hip::fill_async(pointer, value, bytes, stream); }
+  bool stream_capturing(Stream stream) override { return hip::stream_capturing(stream); }
 
   void* device_alloc(size_t bytes) override { return hip::device_alloc(bytes); }
   void device_free(void* pointer) noexcept override { hip::device_free(pointer); }

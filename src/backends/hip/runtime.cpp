@@ -35,6 +35,7 @@ using ModuleLaunchCooperativeKernel = hipError_t (*)(void*, unsigned, unsigned, 
 using MallocAsync = hipError_t (*)(void**, size_t, void*);
 using FreeAsync = hipError_t (*)(void*, void*);
 using MemsetD8Async = hipError_t (*)(void*, unsigned char, size_t, void*);
+using StreamIsCapturing = hipError_t (*)(void*, int*);  // status 0: hipStreamCaptureStatusNone
 
 const OptionalLibrary& runtime_library() {
   static const OptionalLibrary lib = load_optional_library(
@@ -206,32 +207,29 @@ void launch(int index, void* function, const LaunchShape& shape, const void* par
   }
 }
 
-void* scratch_alloc(int index, size_t bytes, size_t zeroed_bytes, Stream stream) {
-  // KILN_POISON_WORKSPACE=1: the bytes past `zeroed_bytes` become 0xFF, as on NVIDIA. Read before
-  // allocating: a malformed value throws.
-  const bool poison = env_int("KILN_POISON_WORKSPACE").value_or(0) != 0;
+void* stream_alloc(int index, size_t bytes, Stream stream) {
   set_device(index);
   void* pointer = nullptr;
   check(KILN_HIP_FN(MallocAsync, "hipMallocAsync")(&pointer, bytes, stream), "hipMallocAsync");
-  zeroed_bytes = std::min(zeroed_bytes, bytes);
-  const auto memset_async = KILN_HIP_FN(MemsetD8Async, "hipMemsetD8Async");
-  hipError_t cleared = zeroed_bytes ? memset_async(pointer, 0, zeroed_bytes, stream) : kHipSuccess;
-  if (cleared == kHipSuccess && poison && zeroed_bytes < bytes) {
-    cleared = memset_async(static_cast<unsigned char*>(pointer) + zeroed_bytes, 0xFF, bytes - zeroed_bytes, stream);
-  }
-  if (cleared != kHipSuccess) {
-    KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer, stream);
-    check(cleared, "hipMemsetD8Async");
-  }
   return pointer;
 }
 
-void scratch_free(void* pointer, Stream stream) noexcept {
+void stream_free(void* pointer, Stream stream) noexcept {
   try {
     KILN_HIP_FN(FreeAsync, "hipFreeAsync")(pointer, stream);
   } catch (...) {
     // The runtime that allocated it is loaded: resolving the symbol cannot fail here.
   }
+}
+
+void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream) {
+  check(KILN_HIP_FN(MemsetD8Async, "hipMemsetD8Async")(pointer, value, bytes, stream), "hipMemsetD8Async");
+}
+
+bool stream_capturing(Stream stream) {
+  int status = 0;
+  const hipError_t result = KILN_HIP_FN(StreamIsCapturing, "hipStreamIsCapturing")(stream, &status);
+  return result != kHipSuccess || status != 0;
 }
 
 // hipMemcpyKind values of the HIP ABI.

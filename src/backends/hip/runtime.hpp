@@ -40,11 +40,12 @@ void unload(const LoadedFunction& f);
 // deadlock when the grid cannot be resident at once; a runtime without it is a clear error.
 void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream, const std::string& kernel_name);
 
-// A kernel's scratch on device `index`, allocated on `stream` (hipMallocAsync, from the device's
-// default memory pool), its first `zeroed_bytes` cleared on the stream, freed on the stream by
-// scratch_free: the AMD counterpart of cuda::scratch_alloc, with the same KILN_POISON_WORKSPACE.
-void* scratch_alloc(int index, size_t bytes, size_t zeroed_bytes, Stream stream);
-void scratch_free(void* pointer, Stream stream) noexcept;
+// Device memory of device `index` ordered on `stream` (hipMallocAsync, from the device's default
+// memory pool; freed on the stream): the AMD counterpart of cuda::stream_alloc.
+void* stream_alloc(int index, size_t bytes, Stream stream);
+void stream_free(void* pointer, Stream stream) noexcept;
+void fill_async(void* pointer, uint8_t value, size_t bytes, Stream stream);
+bool stream_capturing(Stream stream);
 
 // Plain memory, copies and events of the current device, for tools (hipMalloc, hipMemcpyAsync,
 // hipEvent*). Throw kiln::Error(kDriverError).

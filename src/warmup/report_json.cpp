@@ -1,0 +1,42 @@
+#include "warmup/report_json.hpp"
+
+namespace kiln::detail {
+
+nlohmann::json warmup_report_json(const WarmupReport& r) {
+  nlohmann::json items = nlohmann::json::array();
+  static const char* names[] = {"compiled", "cached", "shared", "failed", "cancelled"};
+  for (const auto& i : r.items) {
+    items.push_back({{"signature", i.signature},
+                     {"target", i.target},
+                     {"kernel", i.kernel},
+                     {"status", names[static_cast<int>(i.status)]},
+                     {"reason", i.reason},
+                     {"stored", i.stored},
+                     {"bytes", i.bytes},
+                     {"ms", i.milliseconds}});
+  }
+  return {{"compiled", r.compiled},     {"cached", r.cached}, {"shared", r.shared},   {"failed", r.failed}, {"cancelled", r.cancelled},
+          {"not_stored", r.not_stored}, {"bytes", r.bytes},   {"seconds", r.seconds}, {"items", items}};
+}
+
+nlohmann::json cache_stats_json(const CacheStats& s) {
+  return {{"directory", s.directory},
+          {"persistent", s.persistent},
+          {"degraded_reason", s.degraded_reason},
+          {"seeds", s.seeds},
+          {"entries", s.entries},
+          {"bytes", s.bytes},
+          {"max_bytes", s.max_bytes},
+          {"memory_hits", s.memory_hits},
+          {"disk_hits", s.disk_hits},
+          {"seed_hits", s.seed_hits},
+          {"misses", s.misses},
+          {"compiles", s.compiles},
+          {"compile_ms", s.compile_ms},
+          {"bytes_written", s.bytes_written},
+          {"evictions", s.evictions},
+          {"bad_entries", s.bad_entries},
+          {"lock_waits", s.lock_waits}};
+}
+
+}  // namespace kiln::detail
