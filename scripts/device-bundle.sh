@@ -14,4 +14,7 @@ cp -a "$build"/lib/libkiln.so* "$root/.carry/build-device/lib/"
 for lib in libfmt.so.9 libxxhash.so.0 libbenchmark.so.1debian libsqlite3.so.0; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$root/.carry/deps/" 2>/dev/null || cp -L "/usr/lib/x86_64-linux-gnu/$lib" "$root/.carry/deps/"
 done
+# The Python wheel, installed on the device beside its own torch (scripts/device-python.sh).
+python3 -m pip wheel -q --no-deps -w "$root/.carry/wheel" "$root"
+python3 -m pip download -q pytest -d "$root/.carry/pydeps"  # pure-Python wheels, for a device without pytest
 du -sh "$root/.carry"

@@ -7,6 +7,8 @@ work under torch.compile and CUDA graphs. Semantics of every argument: include/k
 """
 import atexit
 import contextlib
+import importlib.util as _importlib_util
+import os as _os
 import json
 import logging
 
@@ -18,7 +20,7 @@ from ._tensors import typed
 __version__ = _capi.lib.kiln_version().decode()
 
 __all__ = ["__version__", "mha_prefill", "mha_decode_with_kvcache", "moe_apply", "moe_prepare_weights", "explain", "list_kernels",
-           "cache_stats", "warmup", "set_log_callback", "set_override", "load_plugin", "prepare_only", "typed", "KilnError",
+           "cache_stats", "warmup", "set_log_callback", "set_log_level", "log_to_python", "set_override", "load_plugin", "prepare_only", "typed", "KilnError",
            "InvalidArgumentError", "UnsupportedError", "NoKernelError", "CompileError", "DriverError", "CacheError", "PluginError",
            "InternalError", "GraphCaptureError"]
 
@@ -97,7 +99,30 @@ def set_log_callback(callback):
     _log_callback = c_callback
 
 
-_logger = logging.getLogger("kiln")
-set_log_callback(lambda level, message: _logger.log(level, message))
+def set_log_level(level):
+    """The least severe kiln message passed on, as a logging level (default WARNING, or KILN_LOG)."""
+    if level <= logging.DEBUG:
+        code = 0
+    elif level <= logging.INFO:
+        code = 1
+    elif level <= logging.WARNING:
+        code = 2
+    elif level <= logging.ERROR:
+        code = 3
+    else:
+        code = 4
+    _capi.check(_capi.lib.kiln_set_log_level(code))
+
+
+def log_to_python(level, message):
+    """The default log callback: the Python logger "kiln"."""
+    logging.getLogger("kiln").log(level, message)
+
+
+set_log_callback(log_to_python)
+# PyTorch users get torch.ops.kiln.* from `import kiln` alone (KILN_TORCH=0 skips it).
+if _os.environ.get("KILN_TORCH", "1") != "0" and _importlib_util.find_spec("torch") is not None:
+    from . import torch as _torch_ops  # noqa: E402,F401
+
 # Threads of kiln may log after the interpreter starts tearing down: detach Python first.
 atexit.register(lambda: _capi.lib.kiln_set_log_callback(None, None))

@@ -7,6 +7,7 @@ call, which is what keeps the Python layer's overhead to a few microseconds.
 import ctypes
 import os
 import struct
+import threading
 
 from ._errors import raise_for_status
 
@@ -101,15 +102,16 @@ class ArgBlock:
 
     `fields` lists the struct's members in order as (name, kind) with kind "tensor" (a pointer to
     a kiln_tensor, NULL when absent), "i32" or "f32". `pack(values)` takes, per field, a
-    16-tuple descriptor or None for tensors and a number otherwise, and returns a buffer whose
-    address is the argument struct's.
+    16-tuple descriptor or None for tensors and a number otherwise; `pack_torch(values, dtypes)`
+    takes torch tensors (or None) directly, the fast path of kiln.torch. Both return a buffer
+    whose address is the argument struct's, valid until the thread's next call of this block.
     """
 
     _CODES = {"tensor": "P", "i32": "i", "f32": "f"}
 
     def __init__(self, fields):
         self.fields = fields
-        self.tensor_slots = [i for i, (_, kind) in enumerate(fields) if kind == "tensor"]
+        self.tensor_slots = tuple(i for i, (_, kind) in enumerate(fields) if kind == "tensor")
         head = "@" + "".join(self._CODES[kind] for _, kind in fields)
         self.head_size = struct.calcsize(head)
         align = struct.calcsize("@P")
@@ -119,10 +121,25 @@ class ArgBlock:
         fmt = head + (f"{pad}x" if pad else "") + TENSOR_FORMAT * len(self.tensor_slots)
         self.struct = struct.Struct(fmt)
         assert self.struct.size == self.tensor_base + self.tensor_size * len(self.tensor_slots)
+        self._local = threading.local()
+
+    def index(self, name):
+        return [field for field, _ in self.fields].index(name)
+
+    def _buffer(self):
+        # One buffer per thread, reused: kiln reads the block only during the call it is passed to,
+        # and no kiln call runs inside another on one thread (callbacks must not call kiln).
+        local = self._local
+        try:
+            return local.buf, local.slots
+        except AttributeError:
+            local.buf = ctypes.create_string_buffer(self.struct.size)
+            base = ctypes.addressof(local.buf)
+            local.slots = tuple(base + self.tensor_base + n * self.tensor_size for n in range(len(self.tensor_slots)))
+            return local.buf, local.slots
 
     def pack(self, values):
-        buf = ctypes.create_string_buffer(self.struct.size)
-        base = ctypes.addressof(buf)
+        buf, slots = self._buffer()
         head = list(values)
         tail = []
         for n, i in enumerate(self.tensor_slots):
@@ -131,10 +148,40 @@ class ArgBlock:
                 head[i] = 0
                 tail.extend(NO_TENSOR)
             else:
-                head[i] = base + self.tensor_base + n * self.tensor_size
+                head[i] = slots[n]
                 tail.extend(d)
         self.struct.pack_into(buf, 0, *head, *tail)
         return buf
+
+    def pack_torch(self, values, dtypes, forced=None):
+        """values: torch tensors (or None) in tensor fields; dtypes: torch dtype -> kiln dtype;
+        forced: {field index: kiln dtype} for byte formats. Returns the buffer, or the name of the
+        first tensor whose dtype kiln has no equivalent for (the caller raises)."""
+        buf, slots = self._buffer()
+        head = list(values)
+        tail = []
+        n = 0
+        for i in self.tensor_slots:
+            t = values[i]
+            if t is None:
+                head[i] = 0
+                tail += NO_TENSOR
+            else:
+                head[i] = slots[n]
+                shape = t.shape
+                pad = _PADS[len(shape)] if len(shape) <= MAX_DIMS else None
+                if pad is None:
+                    return self.fields[i][0]
+                code = forced[i] if forced and i in forced else dtypes.get(t.dtype)
+                if code is None:
+                    return self.fields[i][0]
+                tail += (t.data_ptr(), code, len(shape), *shape, *pad, *t.stride(), *pad, t.get_device())
+            n += 1
+        self.struct.pack_into(buf, 0, *head, *tail)
+        return buf
+
+
+_PADS = tuple((0,) * (MAX_DIMS - n) for n in range(MAX_DIMS + 1))
 
 
 PREFILL_ARGS = ArgBlock([("q", "tensor"), ("k", "tensor"), ("v", "tensor"), ("out", "tensor"), ("cu_seqlens_q", "tensor"),

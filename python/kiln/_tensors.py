@@ -30,6 +30,10 @@ def typed(array, dtype):
     return Typed(array, dtype)
 
 
+# Formats that arrays carry as raw bytes.
+_BYTE_FORMATS = {F4_E2M1X2, F4_E2M1X2_PREPARED, E8M0}
+
+
 # ---- torch ---------------------------------------------------------------------------------------
 _TORCH_DTYPES = {}
 
@@ -53,6 +57,8 @@ def torch_descriptor(t, name, dtype=None):
         dtype = _torch_dtypes(torch).get(t.dtype)
         if dtype is None:
             raise invalid_argument(f"{name}: torch dtype {t.dtype} has no kiln equivalent")
+    elif dtype in _BYTE_FORMATS and t.dtype != torch.uint8 and _torch_dtypes(torch).get(t.dtype) != dtype:
+        raise invalid_argument(f"{name}: {_capi.DTYPE_NAMES[dtype]} data must be a torch.uint8 tensor of its bytes, got {t.dtype}")
     device = t.get_device()  # -1 for CPU tensors: host memory
     return _capi.descriptor(t.data_ptr(), dtype, t.shape, t.stride(), device)
 

@@ -18,7 +18,8 @@ run a step once eagerly, or under warmup_for(step, ...), before capturing it.
 import torch as _torch
 
 from . import _capi, _ops, prepare_only
-from ._tensors import torch_descriptor as _d
+from ._errors import invalid_argument
+from ._tensors import _torch_dtypes
 
 __all__ = ["mha_prefill", "mha_decode_with_kvcache", "moe_apply", "moe_prepare_weights", "warmup_for"]
 
@@ -61,34 +62,60 @@ def _stream(t):
 
 
 # ---- eager implementations ----------------------------------------------------------------------
+_DTYPES = _torch_dtypes(_torch)
+_MXFP4_FIELDS = {"mxfp4": _capi.F4_E2M1X2, "mxfp4_prepared": _capi.F4_E2M1X2_PREPARED}
+
+
+def _packed(block, values, forced=None):
+    buf = block.pack_torch(values, _DTYPES, forced)
+    if isinstance(buf, str):  # the field pack_torch could not describe
+        t = values[[name for name, _ in block.fields].index(buf)]
+        if t.dim() > _capi.MAX_DIMS:
+            raise invalid_argument(f"{buf}: rank {t.dim()} exceeds kiln's {_capi.MAX_DIMS}")
+        raise invalid_argument(f"{buf}: torch dtype {t.dtype} has no kiln equivalent")
+    return buf
+
+
 def _prefill_out(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, out, lse=None, sinks=None,
                  softmax_scale=None, softcap=None, window_left=None, causal=False):
     scale, cap, window = _ops.attention_scalars(softmax_scale, softcap, window_left)
-    buf = _capi.PREFILL_ARGS.pack((_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(out, "out"), _d(cu_seqlens_q, "cu_seqlens_q"),
-                                   _d(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, _d(lse, "lse"),
-                                   _d(sinks, "sinks"), scale, cap, int(causal), window))
+    buf = _packed(_capi.PREFILL_ARGS, (q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, lse, sinks, scale, cap,
+                                       int(causal), window))
     _capi.check(_capi.lib.kiln_mha_prefill(buf, _stream(q)))
 
 
 def _decode_out(q, k_cache, v_cache, page_table, cache_seqlens, *, out, lse=None, q_len=1, sinks=None, softmax_scale=None,
                 softcap=None, window_left=None, k_scale=None, v_scale=None):
     scale, cap, window = _ops.attention_scalars(softmax_scale, softcap, window_left)
-    buf = _capi.DECODE_ARGS.pack((_d(q, "q"), _d(k_cache, "k_cache"), _d(v_cache, "v_cache"), _d(page_table, "page_table"),
-                                  _d(cache_seqlens, "cache_seqlens"), _d(out, "out"), q_len, _d(lse, "lse"), _d(sinks, "sinks"),
-                                  scale, cap, window, _ops.kv_scale(k_scale, "k_scale"), _ops.kv_scale(v_scale, "v_scale")))
+    buf = _packed(_capi.DECODE_ARGS, (q, k_cache, v_cache, page_table, cache_seqlens, out, q_len, lse, sinks, scale, cap, window,
+                                      1.0 if k_scale is None else _ops.kv_scale(k_scale, "k_scale"),
+                                      1.0 if v_scale is None else _ops.kv_scale(v_scale, "v_scale")))
     _capi.check(_capi.lib.kiln_mha_decode_with_kvcache(buf, _stream(q)))
+
+
+_W13, _W13_SCALE, _W2, _W2_SCALE = (_capi.MOE_ARGS.index(n) for n in ("w13", "w13_scale", "w2", "w2_scale"))
+
+
+def _byte_format(t, name, fmt):
+    if t is not None and t.dtype != _torch.uint8:
+        raise invalid_argument(f"{name}: {fmt} data must be a torch.uint8 tensor of its bytes, got {t.dtype}")
 
 
 def _moe_out(x, w13, w2, top_k, *, out, router_logits=None, topk_ids=None, topk_weights=None, routing="topk_softmax",
              renormalize=True, w13_scale=None, w13_bias=None, w2_scale=None, w2_bias=None, activation="silu_glu",
              gate_up_layout="concatenated", weight_format="auto"):
-    wdt, sdt = _ops.moe_weight_dtypes(weight_format)
-    buf = _capi.MOE_ARGS.pack((_d(x, "x"), _d(out, "out"), _d(router_logits, "router_logits"), _d(topk_ids, "topk_ids"),
-                               _d(topk_weights, "topk_weights"), top_k, _ops.choice(_ops.ROUTINGS, routing, "routing"),
-                               int(renormalize), _d(w13, "w13", wdt), _d(w13_scale, "w13_scale", sdt), _d(w13_bias, "w13_bias"),
-                               _d(w2, "w2", wdt), _d(w2_scale, "w2_scale", sdt), _d(w2_bias, "w2_bias"),
-                               _ops.choice(_ops.ACTIVATIONS, activation, "activation"),
-                               _ops.choice(_ops.GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout")))
+    forced = None
+    if weight_format != "auto":
+        if weight_format not in _MXFP4_FIELDS:
+            raise invalid_argument(f"weight_format: '{weight_format}' is not one of {', '.join(_ops.WEIGHT_FORMATS)}")
+        for t, name in ((w13, "w13"), (w2, "w2"), (w13_scale, "w13_scale"), (w2_scale, "w2_scale")):
+            _byte_format(t, name, weight_format)
+        codes, scales = _MXFP4_FIELDS[weight_format], _capi.E8M0
+        forced = {_W13: codes, _W13_SCALE: scales, _W2: codes, _W2_SCALE: scales}
+    buf = _packed(_capi.MOE_ARGS, (x, out, router_logits, topk_ids, topk_weights, top_k,
+                                   _ops.choice(_ops.ROUTINGS, routing, "routing"), int(renormalize), w13, w13_scale, w13_bias, w2,
+                                   w2_scale, w2_bias, _ops.choice(_ops.ACTIVATIONS, activation, "activation"),
+                                   _ops.choice(_ops.GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout")), forced)
     _capi.check(_capi.lib.kiln_moe_apply(buf, _stream(x)))
 
 
@@ -127,7 +154,8 @@ def _moe(*args, **kwargs):
 
 
 def _prepare_weights(weights):
-    buf = _capi.SINGLE_TENSOR.pack((_d(weights, "weights", _capi.F4_E2M1X2),))
+    _byte_format(weights, "weights", "mxfp4")
+    buf = _packed(_capi.SINGLE_TENSOR, (weights,), {0: _capi.F4_E2M1X2})
     _capi.check(_capi.lib.kiln_moe_prepare_weights(_capi.address(buf, _capi.SINGLE_TENSOR.tensor_base), _stream(weights)))
 
 
