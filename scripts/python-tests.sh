@@ -12,6 +12,7 @@ if [ "${KILN_PY_REUSE_VENV:-0}" != 1 ] || [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q torch numpy pytest auditwheel scikit-build-core
 fi
+venv=$(cd "$venv" && pwd)  # the steps below change directory
 rm -rf "$wheel_dir"
 "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$wheel_dir" .
 wheel=$(ls "$wheel_dir"/kiln-*.whl)
