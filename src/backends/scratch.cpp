@@ -1,4 +1,5 @@
 // Kernel workspaces: the engine's allocator when it registered one, else the backend's pool.
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>

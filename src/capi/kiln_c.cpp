@@ -2,7 +2,6 @@
 // a status code plus a thread-local message. No exception crosses this file's functions.
 #include "kiln/kiln.h"
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -287,14 +286,7 @@ kiln_status kiln_warmup_json(const char* manifest, const char* targets, int32_t 
     require(report_json, "report_json");
     if (jobs < 0) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("jobs: {} is negative (0: one per core)", jobs));
     kiln::WarmupOptions options;
-    std::string rest = targets;
-    for (size_t at = 0; at <= rest.size();) {
-      const size_t comma = std::min(rest.find(',', at), rest.size());
-      if (comma > at) options.targets.push_back(rest.substr(at, comma - at));
-      at = comma + 1;
-    }
-    if (options.targets.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "targets: name at least one target (e.g. sm_90a)");
-    for (const auto& t : options.targets) kiln::platform_for_target(t);  // a wrong target fails before the manifest is read
+    options.targets = kiln::detail::parse_target_list(targets, "targets");
     options.jobs = jobs;
     const kiln::Manifest m = kiln::load_manifest(manifest);
     nlohmann::json out = kiln::detail::warmup_report_json(kiln::warmup(m, options));

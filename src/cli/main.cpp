@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -248,13 +247,8 @@ void show_progress(const kiln::WarmupProgress& p, bool terminal) {
 
 int cmd_warmup(const std::string& manifest_name, const std::string& targets_text, int jobs, bool as_json) {
   kiln::WarmupOptions options;
-  std::stringstream ss(targets_text);
-  for (std::string t; std::getline(ss, t, ',');) {
-    if (!t.empty()) options.targets.push_back(t);
-  }
   // Cheap checks first: a wrong target fails before a large manifest is read.
-  if (options.targets.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--target: name at least one target (e.g. sm_90a)");
-  for (const auto& t : options.targets) kiln::platform_for_target(t);
+  options.targets = kiln::detail::parse_target_list(targets_text, "--target");
   const kiln::Manifest manifest = kiln::load_manifest(manifest_name);
   options.jobs = jobs;
   options.cancel = &interrupted;

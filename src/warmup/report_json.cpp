@@ -1,6 +1,22 @@
 #include "warmup/report_json.hpp"
 
+#include "kiln/error.hpp"
+#include "kiln/platform.hpp"
+
 namespace kiln::detail {
+
+std::vector<std::string> parse_target_list(const std::string& text, const std::string& argument) {
+  std::vector<std::string> targets;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = text.find(',', at);
+    const size_t end = comma == std::string::npos ? text.size() : comma;
+    if (end > at) targets.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (targets.empty()) throw Error(ErrorCode::kInvalidArgument, argument + ": name at least one target (e.g. sm_90a)");
+  for (const auto& t : targets) platform_for_target(t);  // a wrong target fails before any manifest is read
+  return targets;
+}
 
 nlohmann::json warmup_report_json(const WarmupReport& r) {
   nlohmann::json items = nlohmann::json::array();

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/driver.hpp"
-#include "core/env.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail::cuda {

@@ -1,6 +1,5 @@
 #include "backends/hip/runtime.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -11,7 +10,6 @@
 #include "backends/hip/device_properties.hpp"
 #include "backends/hip/rocm_library.hpp"
 #include "core/dynamic_library.hpp"
-#include "core/env.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail::hip {
