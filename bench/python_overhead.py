@@ -14,7 +14,6 @@ only between rounds. Rows, fastest first:
   python3 bench/python_overhead.py [--calls N] [--rounds R] [--json FILE]
 """
 import argparse
-import ctypes
 import json
 import statistics
 import time

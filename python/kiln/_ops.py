@@ -14,35 +14,29 @@ GATE_UP_LAYOUTS = {"concatenated": 0, "interleaved": 1}
 WEIGHT_FORMATS = ("auto", "mxfp4", "mxfp4_prepared")
 
 
+def positive(value, name, unset, meaning):
+    """A float option that must be > 0 when given; `unset` (the C ABI's spelling) when None."""
+    if value is None:
+        return unset
+    if not float(value) > 0:
+        raise invalid_argument(f"{name}: must be > 0, got {value} (None: {meaning})")
+    return float(value)
+
+
 def attention_scalars(softmax_scale, softcap, window_left):
     """(softmax_scale, softcap, window_left) as the C ABI spells them."""
-    if softmax_scale is None:
-        scale = 0.0
-    elif not float(softmax_scale) > 0:
-        raise invalid_argument(f"softmax_scale: must be > 0, got {softmax_scale} (None: 1/sqrt(head_dim))")
-    else:
-        scale = float(softmax_scale)
-    if softcap is None:
-        cap = 0.0
-    elif not float(softcap) > 0:
-        raise invalid_argument(f"softcap: must be > 0, got {softcap} (None: no softcap)")
-    else:
-        cap = float(softcap)
     if window_left is None:
         window = -1
     elif int(window_left) < 0:
         raise invalid_argument(f"window_left: must be >= 0, got {window_left} (None: no window)")
     else:
         window = int(window_left)
-    return scale, cap, window
+    return (positive(softmax_scale, "softmax_scale", 0.0, "1/sqrt(head_dim)"), positive(softcap, "softcap", 0.0, "no softcap"),
+            window)
 
 
 def kv_scale(value, name):
-    if value is None:
-        return 1.0
-    if not float(value) > 0:
-        raise invalid_argument(f"{name}: must be > 0, got {value} (None: 1, for an e4m3 cache only)")
-    return float(value)
+    return positive(value, name, 1.0, "1, for an e4m3 cache only")
 
 
 def choice(table, value, name):

@@ -57,10 +57,18 @@ def torch_descriptor(t, name, dtype=None):
         dtype = _torch_dtypes(torch).get(t.dtype)
         if dtype is None:
             raise invalid_argument(f"{name}: torch dtype {t.dtype} has no kiln equivalent")
-    elif dtype in _BYTE_FORMATS and t.dtype != torch.uint8 and _torch_dtypes(torch).get(t.dtype) != dtype:
-        raise invalid_argument(f"{name}: {_capi.DTYPE_NAMES[dtype]} data must be a torch.uint8 tensor of its bytes, got {t.dtype}")
+    else:
+        require_bytes(t, name, dtype)
     device = t.get_device()  # -1 for CPU tensors: host memory
     return _capi.descriptor(t.data_ptr(), dtype, t.shape, t.stride(), device)
+
+
+def require_bytes(t, name, dtype):
+    """A torch tensor read as a byte format (MXFP4 codes, e8m0 scales) must hold bytes."""
+    if dtype in _BYTE_FORMATS and t is not None:
+        torch = sys.modules["torch"]
+        if t.dtype != torch.uint8 and _torch_dtypes(torch).get(t.dtype) != dtype:
+            raise invalid_argument(f"{name}: {_capi.DTYPE_NAMES[dtype]} data must be a torch.uint8 tensor of its bytes, got {t.dtype}")
 
 
 def _is_torch_tensor(obj):

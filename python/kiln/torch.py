@@ -19,7 +19,7 @@ import torch as _torch
 
 from . import _capi, _ops, prepare_only
 from ._errors import invalid_argument
-from ._tensors import _torch_dtypes
+from ._tensors import _torch_dtypes, require_bytes
 
 __all__ = ["mha_prefill", "mha_decode_with_kvcache", "moe_apply", "moe_prepare_weights", "warmup_for"]
 
@@ -63,7 +63,6 @@ def _stream(t):
 
 # ---- eager implementations ----------------------------------------------------------------------
 _DTYPES = _torch_dtypes(_torch)
-_MXFP4_FIELDS = {"mxfp4": _capi.F4_E2M1X2, "mxfp4_prepared": _capi.F4_E2M1X2_PREPARED}
 
 
 def _packed(block, values, forced=None):
@@ -88,29 +87,21 @@ def _decode_out(q, k_cache, v_cache, page_table, cache_seqlens, *, out, lse=None
                 softcap=None, window_left=None, k_scale=None, v_scale=None):
     scale, cap, window = _ops.attention_scalars(softmax_scale, softcap, window_left)
     buf = _packed(_capi.DECODE_ARGS, (q, k_cache, v_cache, page_table, cache_seqlens, out, q_len, lse, sinks, scale, cap, window,
-                                      1.0 if k_scale is None else _ops.kv_scale(k_scale, "k_scale"),
-                                      1.0 if v_scale is None else _ops.kv_scale(v_scale, "v_scale")))
+                                      _ops.kv_scale(k_scale, "k_scale"), _ops.kv_scale(v_scale, "v_scale")))
     _capi.check(_capi.lib.kiln_mha_decode_with_kvcache(buf, _stream(q)))
 
 
 _W13, _W13_SCALE, _W2, _W2_SCALE = (_capi.MOE_ARGS.index(n) for n in ("w13", "w13_scale", "w2", "w2_scale"))
 
 
-def _byte_format(t, name, fmt):
-    if t is not None and t.dtype != _torch.uint8:
-        raise invalid_argument(f"{name}: {fmt} data must be a torch.uint8 tensor of its bytes, got {t.dtype}")
-
-
 def _moe_out(x, w13, w2, top_k, *, out, router_logits=None, topk_ids=None, topk_weights=None, routing="topk_softmax",
              renormalize=True, w13_scale=None, w13_bias=None, w2_scale=None, w2_bias=None, activation="silu_glu",
              gate_up_layout="concatenated", weight_format="auto"):
     forced = None
-    if weight_format != "auto":
-        if weight_format not in _MXFP4_FIELDS:
-            raise invalid_argument(f"weight_format: '{weight_format}' is not one of {', '.join(_ops.WEIGHT_FORMATS)}")
-        for t, name in ((w13, "w13"), (w2, "w2"), (w13_scale, "w13_scale"), (w2_scale, "w2_scale")):
-            _byte_format(t, name, weight_format)
-        codes, scales = _MXFP4_FIELDS[weight_format], _capi.E8M0
+    codes, scales = _ops.moe_weight_dtypes(weight_format)
+    if codes is not None:
+        for t, name, dtype in ((w13, "w13", codes), (w2, "w2", codes), (w13_scale, "w13_scale", scales), (w2_scale, "w2_scale", scales)):
+            require_bytes(t, name, dtype)
         forced = {_W13: codes, _W13_SCALE: scales, _W2: codes, _W2_SCALE: scales}
     buf = _packed(_capi.MOE_ARGS, (x, out, router_logits, topk_ids, topk_weights, top_k,
                                    _ops.choice(_ops.ROUTINGS, routing, "routing"), int(renormalize), w13, w13_scale, w13_bias, w2,
@@ -154,7 +145,7 @@ def _moe(*args, **kwargs):
 
 
 def _prepare_weights(weights):
-    _byte_format(weights, "weights", "mxfp4")
+    require_bytes(weights, "weights", _capi.F4_E2M1X2)
     buf = _packed(_capi.SINGLE_TENSOR, (weights,), {0: _capi.F4_E2M1X2})
     _capi.check(_capi.lib.kiln_moe_prepare_weights(_capi.address(buf, _capi.SINGLE_TENSOR.tensor_base), _stream(weights)))
 

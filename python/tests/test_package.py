@@ -242,7 +242,7 @@ def test_list_and_explain():
 
 
 def decode_manifest(tmp_path, head_dim):
-    # A signature no other test of the session uses, so its first warm-up compiles.
+    # A signature no other test in this pytest run uses, so its first warm-up compiles.
     manifest = tmp_path / f"decode{head_dim}.json"
     manifest.write_text(json.dumps({"kiln_manifest": 1, "model": "one", "operators": [{"op": "mha_decode_with_kvcache", "signature": {
         "dtype": "f16", "kv_dtype": "f16", "head_dim": head_dim, "group": 3, "page_size": 128, "q_len": 2, "window": True,
