@@ -29,7 +29,8 @@ namespace kiln {
 // causal: aligned bottom-right: in a sequence with Lq queries and Lk keys, query i (0-based)
 // sits at key position i + Lk - Lq and sees keys at positions <= that.
 // window_left >= 0: the query at position p also sees only keys at positions >= p - window_left
-// (-1: no window). A query that sees no key writes zeros (and lse = -inf; with sinks the sink
+// (-1: no window). A window bounds only the left side: without causal, the query still sees every
+// key after its position. A query that sees no key writes zeros (and lse = -inf; with sinks the sink
 // alone forms the denominator, so the output is zero as well).
 struct MhaPrefillArgs {
   TensorView q, k, v, out;

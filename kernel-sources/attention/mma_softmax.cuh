@@ -27,7 +27,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // where `edge` says the tile crosses a band edge or the end, -inf for keys a row does not see.
 // Bounds are taken relative to the thread's first key, so each test is against a constant. The
 // two paths are separate loops so the common one carries no mask code at all.
-// Prefill rows: row i sees keys [i + shift - window, i + shift] (bottom-right aligned) within
+// Prefill rows: row i sees keys from i + shift - window (with a window) to i + shift (causal,
+// bottom-right aligned) or the end, within
 // [0, len_k); the thread's rows are row_lo and row_lo + 8, its first key of the tile `first_key`.
 template <bool kSoftcap, int kKeyTiles>
 __device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], const KilnPrefillParams& p, bool edge, int row_lo, int shift,
@@ -48,7 +49,7 @@ __device__ __forceinline__ void cap_and_mask_scores(float (&s)[kKeyTiles][4], co
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int position = row_lo + 8 * half + shift;
-    const int last = p.causal || p.window_left >= 0 ? min(len_k - 1, position) : len_k - 1;
+    const int last = p.causal ? min(len_k - 1, position) : len_k - 1;
     hi[half] = last - first_key;
     lo[half] = (p.window_left >= 0 ? position - p.window_left : 0) - first_key;
   }

@@ -12,8 +12,8 @@ struct PrefillQueryBlock {
   int q_begin, len_q;      // the sequence's queries in the packed q: [q_begin, q_begin + len_q)
   int k_begin, len_k;      // its keys in the packed k and v
   int q0;                  // first query row of the block, relative to the sequence
-  int shift;               // row i sees keys [i + shift - window, i + shift]: bottom-right aligned
-  bool upper_bound;        // causal or windowed: keys past i + shift are masked
+  int shift;               // row i sits at key position i + shift: bottom-right aligned
+  bool upper_bound;        // causal: keys past i + shift are masked (a window bounds only the left)
   int key_start, key_end;  // keys any row of the block can see: [key_start, key_end)
 };
 
@@ -32,7 +32,7 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
   blk.len_k = p.cu_seqlens_k[b + 1] - blk.k_begin;
   blk.q0 = (gridDim.x - 1 - blockIdx.x) * block_rows;
   blk.shift = blk.len_k - blk.len_q;
-  blk.upper_bound = p.causal || p.window_left >= 0;
+  blk.upper_bound = p.causal != 0;
   const int last_row = min(blk.len_q, blk.q0 + block_rows) - 1;
   blk.key_end = blk.upper_bound ? min(blk.len_k, last_row + blk.shift + 1) : blk.len_k;
   blk.key_start = p.window_left >= 0 ? max(0, blk.q0 + blk.shift - p.window_left) : 0;

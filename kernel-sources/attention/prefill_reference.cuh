@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(128) prefill_reference(const KilnPrefillParams
   // Visible keys [lo, hi): bottom-right aligned position of this query among the keys.
   const int position = row_in_seq + len_k - len_q;
   int lo = 0, hi = len_k;
-  if (p.causal || p.window_left >= 0) hi = min(len_k, position + 1);
+  if (p.causal) hi = min(len_k, position + 1);
   if (p.window_left >= 0) lo = max(0, position - p.window_left);
 
   const T* q = static_cast<const T*>(p.q) + (q_begin + row_in_seq) * p.q_row_stride + head * p.q_head_stride;

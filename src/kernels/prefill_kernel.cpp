@@ -58,7 +58,10 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   spec.accepts = [windows_only](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
-    if (windows_only && !sig.get_flag("window")) return std::string("only for sliding windows (window=1)");
+    // Their band is the window behind each row: a window without causal masking reaches the end.
+    if (windows_only && !(sig.get_flag("window") && sig.get_flag("causal"))) {
+      return std::string("only for causal sliding windows (window=1, causal=1)");
+    }
     return check_head_dim_64_or_128(sig);
   };
   spec.specialize = [k](const Signature& sig, const Platform&) {

@@ -51,7 +51,7 @@ AttentionResult prefill_reference(const PrefillProblem& p) {
     for (int i = 0; i < lq; ++i) {
       const int pos = i + lk - lq;
       int lo = 0, hi = lk;
-      if (p.causal || p.window_left >= 0) hi = std::min(lk, pos + 1);
+      if (p.causal) hi = std::min(lk, pos + 1);
       if (p.window_left >= 0) lo = std::max(0, pos - p.window_left);
       for (int h = 0; h < p.hq; ++h) {
         const int row = p.cu_q[b] + i;

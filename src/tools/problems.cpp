@@ -95,7 +95,7 @@ TensorView view(const DeviceBuffer& b, DType t, std::initializer_list<int64_t> s
 // Sums the visible keys of every query row: the work attention must do, masked pairs excluded.
 int64_t visible(int64_t position, int64_t keys, bool causal, int64_t window) {
   int64_t lo = 0, hi = keys;
-  if (causal || window >= 0) hi = std::min(keys, position + 1);
+  if (causal) hi = std::min(keys, position + 1);
   if (window >= 0) lo = std::max<int64_t>(0, position - window);
   return std::max<int64_t>(0, hi - lo);
 }
