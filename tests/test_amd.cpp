@@ -80,9 +80,13 @@ std::vector<Signature> amd_signatures() {
     for (int d : {64, 128}) {
       sigs.push_back(test::prefill_signature(dtype, d, 8));
       sigs.push_back(test::decode_signature(dtype, dtype, d, 8));
+      sigs.push_back(test::extend_signature(dtype, dtype, d, 8));
     }
   }
   sigs.push_back(test::decode_signature("bf16", "e4m3", 128, 8));
+  sigs.push_back(test::extend_signature("bf16", "e4m3", 128, 8));  // the reference kernel
+  sigs.push_back(test::kv_append_signature("bf16", "bf16"));
+  sigs.push_back(test::kv_append_signature("f16", "e4m3"));
   sigs.push_back(test::moe_signature("bf16", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   sigs.push_back(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   sigs.push_back(test::moe_signature("bf16", 4096, 14336, 8, 2, "f32", "silu_glu", "concatenated", "none"));
@@ -105,9 +109,17 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
       const std::string text = disassemble(k.binary, arch);
       EXPECT_NE(text.find("s_endpgm"), std::string::npos) << text.substr(0, 2000);
       EXPECT_NE(text.find("global_load"), std::string::npos);
-      if (sig.op().mode == kModePrefill) {
-        // The matrix-core prefill kernel: CDNA4's 32x32x16 MFMA on gfx950, CDNA3's 32x32x8 on gfx942.
-        EXPECT_EQ(k.kernel, "attention.prefill.mfma");
+      if (sig.op().mode == kModeKvAppend) {
+        // Plain copies (or e4m3 conversions) of 16-byte chunks: no MFMA, no cross-lane traffic.
+        EXPECT_EQ(k.kernel, "attention.kv_append.amd");
+        EXPECT_NE(text.find("global_store"), std::string::npos);
+        continue;
+      }
+      const bool paged_mfma = sig.op().mode == kModeExtend && sig.get("kv_dtype") != "e4m3";
+      if (sig.op().mode == kModePrefill || paged_mfma) {
+        // The matrix-core prefill kernel (paged for extend): CDNA4's 32x32x16 MFMA on gfx950,
+        // CDNA3's 32x32x8 on gfx942.
+        EXPECT_EQ(k.kernel, paged_mfma ? "attention.extend.mfma" : "attention.prefill.mfma");
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
       }
@@ -185,8 +197,9 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
   ASSERT_FALSE(detail::hip::hiprtc_refuses("gfx90a"))
       << *detail::hip::hiprtc_refuses("gfx90a") << " (scripts/install-deps.sh installs Debian's hipRTC)";
   AmdCompilerScope scope(AmdCompiler::kHiprtc);
-  for (const Signature& sig : {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4),
-                               test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
+  for (const Signature& sig :
+       {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4), test::extend_signature("bf16", "bf16", 64, 8),
+        test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
     const CompiledKernel k = compile_for_target(sig, "gfx90a");
     EXPECT_EQ(k.compiler.rfind("hiprtc ", 0), 0u) << k.compiler;
     const auto info = read_code_object(k.binary);
@@ -195,7 +208,7 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
     EXPECT_EQ(info.kernels.front(), k.lowered_name);
     const std::string text = disassemble(k.binary, "gfx90a");
     EXPECT_NE(text.find("ds_bpermute_b32"), std::string::npos);
-    if (sig.op().mode == kModePrefill || sig.op().mode == kModeApply) {
+    if (sig.op().mode == kModePrefill || sig.op().mode == kModeExtend || sig.op().mode == kModeApply) {
       EXPECT_NE(text.find("v_mfma_f32_32x32x8bf16_1k"), std::string::npos);
     }
   }

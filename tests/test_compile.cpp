@@ -31,11 +31,18 @@ std::vector<Signature> representative_signatures() {
   for (const char* dtype : {"bf16", "f16"}) {
     for (int64_t d : {64, 128}) {
       out.push_back(test::prefill_signature(dtype, d, 8));
-      for (const char* kv : {dtype, "e4m3"}) out.push_back(test::decode_signature(dtype, kv, d, 8));
+      for (const char* kv : {dtype, "e4m3"}) {
+        out.push_back(test::decode_signature(dtype, kv, d, 8));
+        out.push_back(test::extend_signature(dtype, kv, d, 8));
+        out.push_back(test::kv_append_signature(dtype, kv));
+      }
     }
   }
   // GPT-OSS's sliding-window layers, for the kernels that take only windows.
   out.push_back(test::prefill_signature("bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
+  out.push_back(test::extend_signature("bf16", "bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
+  // Speculative decode: 4 tokens per sequence.
+  out.push_back(test::decode_signature("bf16", "bf16", 64, 8, 16, 4));
   for (const char* weights : {"bf16", "mxfp4"}) {
     out.push_back(test::moe_signature(weights, 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   }

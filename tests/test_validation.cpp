@@ -233,7 +233,7 @@ TEST(Validation, Decode) {
   run_cases<MhaDecodeArgs>(
       &valid_decode,
       {
-          {.name = "q_len range", .breaks = [](auto& a) { a.q_len = 9; }, .expect = "q_len: must be 1..8"},
+          {.name = "q_len range", .breaks = [](auto& a) { a.q_len = 17; }, .expect = "q_len: must be 1..16"},
           {.name = "out in the cache", .breaks = [](auto& a) { a.out.data = a.k_cache.data; }, .expect = "out: overlaps k_cache in memory"},
           {.name = "q rows", .breaks = [](auto& a) { a.q_len = 3; }, .expect = "q: dimension 0 (8) must be batch * q_len"},
           {.name = "cache rank",

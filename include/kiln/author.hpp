@@ -15,9 +15,13 @@ namespace kiln {
 // kiln::Error(kInvalidArgument); signature_of builds the Signature the selector sees.
 void validate(const MhaPrefillArgs& args);
 void validate(const MhaDecodeArgs& args);
+void validate(const MhaExtendArgs& args);
+void validate(const KvAppendArgs& args);
 void validate(const MoeArgs& args);
 Signature signature_of(const MhaPrefillArgs& args);
 Signature signature_of(const MhaDecodeArgs& args);
+Signature signature_of(const MhaExtendArgs& args);
+Signature signature_of(const KvAppendArgs& args);
 Signature signature_of(const MoeArgs& args);
 
 // The keys signature_of() produces for an operator: `required` always, `optional` in some calls

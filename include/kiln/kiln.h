@@ -77,6 +77,22 @@ typedef struct kiln_mha_decode_args {
   float k_scale, v_scale;
 } kiln_mha_decode_args;
 
+typedef struct kiln_mha_extend_args {
+  const kiln_tensor *q, *k_cache, *v_cache, *page_table, *cache_seqlens, *cu_seqlens_q, *out;
+  int32_t max_seqlen_q;
+  const kiln_tensor* lse;   /* optional */
+  const kiln_tensor* sinks; /* optional */
+  float softmax_scale, softcap;
+  int32_t causal;
+  int32_t window_left;
+  float k_scale, v_scale;
+} kiln_mha_extend_args;
+
+typedef struct kiln_kv_append_args {
+  const kiln_tensor *k, *v, *slot_mapping, *k_cache, *v_cache;
+  float k_scale, v_scale;
+} kiln_kv_append_args;
+
 typedef struct kiln_moe_args {
   const kiln_tensor *x, *out;
   const kiln_tensor* router_logits; /* or topk_ids + topk_weights */
@@ -96,6 +112,8 @@ KILN_API const char* kiln_version(void);
 /* stream: a CUstream / hipStream_t, or NULL for the default stream. */
 KILN_API kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* args, void* stream);
 KILN_API kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* args, void* stream);
+KILN_API kiln_status kiln_mha_extend_with_kvcache(const kiln_mha_extend_args* args, void* stream);
+KILN_API kiln_status kiln_kv_cache_append(const kiln_kv_append_args* args, void* stream);
 KILN_API kiln_status kiln_moe_apply(const kiln_moe_args* args, void* stream);
 /* Rewrites MXFP4 weights (KILN_F4_E2M1X2: w13 or w2) in place into kiln's prepared order and sets
  * weights->dtype to KILN_F4_E2M1X2_PREPARED; see moe_prepare_weights in ops.hpp. */
@@ -104,7 +122,8 @@ KILN_API kiln_status kiln_moe_prepare_weights(kiln_tensor* weights, void* stream
 /* Registry and selector. Strings returned through char** are allocated by kiln and released
  * with kiln_free_string. */
 KILN_API kiln_status kiln_list_kernels_json(char** json_out);
-/* op: "mha_prefill" | "mha_decode_with_kvcache" | "moe_apply"; signature: "key=value,...";
+/* op: "mha_prefill" | "mha_decode_with_kvcache" | "mha_extend_with_kvcache" | "kv_cache_append" |
+ * "moe_apply"; signature: "key=value,...";
  * target: "sm_90a", ... or NULL for the current device. */
 KILN_API kiln_status kiln_explain_json(const char* op, const char* signature, const char* target, char** json_out);
 /* Forces a kernel for an operator; NULL or "" clears the override. */

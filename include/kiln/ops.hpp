@@ -55,11 +55,11 @@ struct MhaPrefillArgs {
 //   cache_seqlens  int32 [B]: tokens in the cache per sequence, the q_len new ones included
 //                  (0 allowed: that sequence's output is zeros).
 //   out like q; lse optional f32 [B * q_len, Hq]; sinks optional f32 [Hq].
-// q_len is 1 to 8; the new tokens are causal among themselves: token j of sequence b sits at
+// q_len is 1 to 16; the new tokens are causal among themselves: token j of sequence b sits at
 // position cache_seqlens[b] - q_len + j and sees keys at positions <= that (and, with
 // window_left >= 0, >= position - window_left).
 // Dtypes: q and out bf16 or f16; the cache the same dtype as q, or e4m3 with per-tensor
-// k_scale / v_scale (dequantized value = stored * scale). page_size 16, 32, 64 or 128.
+// k_scale / v_scale (dequantized value = stored * scale). page_size a power of two from 1 to 256.
 struct MhaDecodeArgs {
   TensorView q, k_cache, v_cache, page_table, cache_seqlens, out;
   int32_t q_len = 1;
@@ -69,6 +69,50 @@ struct MhaDecodeArgs {
   float softcap = 0.0f;
   int32_t window_left = -1;
   float k_scale = 1.0f;  // fp8 cache only
+  float v_scale = 1.0f;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Extend attention against a paged KV cache: chunked prefill and prefix caching. The new tokens of
+// each sequence attend to the sequence's prefix already in the cache and to themselves.
+//
+//   q        [total_q, Hq, D]; cu_seqlens_q int32 [B + 1] (q rows of sequence b:
+//            [cu_seqlens_q[b], cu_seqlens_q[b + 1]))
+//   k_cache, v_cache  [num_pages, page_size, Hkv, D], page_size a power of two from 1 to 256;
+//            they already hold each sequence's prefix and its new tokens (append them first:
+//            kv_cache_append below).
+//   page_table  int32 [B, max_pages_per_seq]; cache_seqlens int32 [B]: keys in the cache per
+//            sequence, new tokens included (>= the sequence's q rows).
+//   out like q; lse optional f32 [total_q, Hq]; sinks optional f32 [Hq].
+// Sequence b's query i sits at key position i + cache_seqlens[b] - Lq (bottom-right aligned);
+// causal, window_left, softcap, sinks and softmax_scale mean what they mean for mha_prefill.
+// Dtypes: q and out bf16 or f16; the cache the same dtype, or e4m3 with per-tensor k_scale /
+// v_scale (dequantized value = stored * scale).
+struct MhaExtendArgs {
+  TensorView q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, out;
+  int32_t max_seqlen_q = 0;  // the longest sequence's q rows
+  TensorView lse;            // optional
+  TensorView sinks;          // optional
+  float softmax_scale = 0.0f;
+  float softcap = 0.0f;
+  bool causal = true;
+  int32_t window_left = -1;
+  float k_scale = 1.0f;  // e4m3 cache only
+  float v_scale = 1.0f;
+};
+
+// ---------------------------------------------------------------------------------------------
+// KV-cache append: writes new tokens' keys and values into the paged cache.
+//
+//   k, v        [T, Hkv, D] bf16 or f16: token t's key and value
+//   slot_mapping int64 [T]: token t goes to row slot % page_size of page slot / page_size (as
+//               vLLM's reshape_and_cache); a negative slot skips the token (padding).
+//   k_cache, v_cache  [num_pages, page_size, Hkv, D], the dtype of k, or e4m3: then stored =
+//               saturate(value / scale) rounded to nearest even, with per-tensor k_scale, v_scale.
+// Tokens must not share a slot (the result would depend on ordering).
+struct KvAppendArgs {
+  TensorView k, v, slot_mapping, k_cache, v_cache;
+  float k_scale = 1.0f;  // e4m3 cache only
   float v_scale = 1.0f;
 };
 
@@ -123,6 +167,8 @@ struct MoeArgs {
 
 void mha_prefill(const MhaPrefillArgs& args, Stream stream);
 void mha_decode_with_kvcache(const MhaDecodeArgs& args, Stream stream);
+void mha_extend_with_kvcache(const MhaExtendArgs& args, Stream stream);
+void kv_cache_append(const KvAppendArgs& args, Stream stream);
 void moe_apply(const MoeArgs& args, Stream stream);
 
 // Rewrites MXFP4 weights (kF4E2M1x2, moe_apply's w13 or w2: a contiguous tensor, 4-byte aligned,

@@ -15,6 +15,8 @@ inline constexpr const char* kFamilyAttention = "attention";
 inline constexpr const char* kFamilyMoe = "moe";
 inline constexpr const char* kModePrefill = "prefill";
 inline constexpr const char* kModeDecode = "decode";
+inline constexpr const char* kModeExtend = "extend";
+inline constexpr const char* kModeKvAppend = "kv_append";
 inline constexpr const char* kModeApply = "apply";
 
 // The public name of an operator ("mha_prefill") <-> its (family, mode).

@@ -137,7 +137,9 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
 
   // Tiles start at multiples of 16 tokens (the masks drop what lies before the window), so with
   // page sizes that are powers of two from 16 up a tile never straddles a page: one page index
-  // per tile.
+  // per tile. Smaller pages (1 to 8 tokens) split a tile: lane l then holds the page of the tile's
+  // token l % 16, read an iteration ahead like a tile's page, and each copy takes its row's page
+  // from the lane that holds it.
   const int window = p.window_left >= 0 ? p.window_left : (1 << 30);
   const int t0 = piece.t0, t1 = piece.t1;
 
@@ -156,13 +158,12 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
   // empty group past the end.
+  const bool small_pages = p.page_size < kTile;  // uniform
   auto issue = [&](int tile, int stage, long long page) {
     if (tile < t1) {
-      const int slot = tile & (p.page_size - 1);
-      const Cache* k_rows =
-          static_cast<const Cache*>(p.k_cache) + page * p.k_page_stride + slot * p.k_row_stride + kv_head * p.k_head_stride;
-      const Cache* v_rows =
-          static_cast<const Cache*>(p.v_cache) + page * p.v_page_stride + slot * p.v_row_stride + kv_head * p.v_head_stride;
+      const int slot = small_pages ? 0 : tile & (p.page_size - 1);
+      const Cache* k_rows = static_cast<const Cache*>(p.k_cache) + slot * p.k_row_stride + kv_head * p.k_head_stride;
+      const Cache* v_rows = static_cast<const Cache*>(p.v_cache) + slot * p.v_row_stride + kv_head * p.v_head_stride;
       unsigned char* k_tile = ring + stage * Layout::kStageBytes;
       unsigned char* v_tile = k_tile + kTile * Layout::kKRowBytes;
       constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Cache));  // elements per 16-byte copy
@@ -170,10 +171,13 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
       for (int i = 0; i < kTile * Layout::kChunksPerRow / 32; ++i) {
         const int idx = i * 32 + lane, tok = idx / Layout::kChunksPerRow, chunk = idx % Layout::kChunksPerRow;
         const bool valid = tile + tok < t1;  // rows past the end are still inside the page
-        copy16_async_or_zero_l2_256(k_tile + tok * Layout::kKRowBytes + chunk * 16, k_rows + tok * p.k_row_stride + chunk * kPerChunk,
-                                    valid);
-        copy16_async_or_zero_l2_256(v_tile + tok * Layout::kVRowBytes + chunk * 16, v_rows + tok * p.v_row_stride + chunk * kPerChunk,
-                                    valid);
+        // The row's page and its row within: the tile's page, or (small pages) lane tok's.
+        const long long row_page = small_pages ? __shfl_sync(0xffffffffu, static_cast<int>(page), tok) : page;
+        const int row = small_pages ? (tile + tok) & (p.page_size - 1) : tok;
+        copy16_async_or_zero_l2_256(k_tile + tok * Layout::kKRowBytes + chunk * 16,
+                                    k_rows + row_page * p.k_page_stride + row * p.k_row_stride + chunk * kPerChunk, valid);
+        copy16_async_or_zero_l2_256(v_tile + tok * Layout::kVRowBytes + chunk * 16,
+                                    v_rows + row_page * p.v_page_stride + row * p.v_row_stride + chunk * kPerChunk, valid);
       }
     }
     commit_copies();
@@ -197,6 +201,7 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   };
   int page_chunk = load_page_chunk(0), next_page_chunk = load_page_chunk(1);
   auto page_of = [&](int it, int tile) -> long long {
+    if (small_pages) return tile + (lane & 15) < t1 ? pages[(tile + (lane & 15)) >> page_shift] : 0;
     if (!kPageChunks) return tile < t1 ? pages[tile >> page_shift] : 0;
     if (it > 0 && (it & 31) == 0) {
       page_chunk = next_page_chunk;

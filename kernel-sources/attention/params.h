@@ -34,8 +34,21 @@ struct KilnPrefillParams {
   int causal;       // 0 or 1, bottom-right aligned
   int window_left;  // -1: none
   float softmax_scale;
-  float softcap;                                  // 0: none
-  int total_q, total_k;                           // rows of q and of k and v
+  float softcap;         // 0: none
+  int total_q, total_k;  // rows of q and of k and v
+  // Paged K and V (mha_extend_with_kvcache, and decode through the prefill kernels), when
+  // page_table is set: k and v are caches [num_pages, page_size, Hkv, D] whose row strides above
+  // step within a page; key j of sequence b is row j % page_size of page
+  // page_table[b * page_table_stride + j / page_size], and the sequence holds cache_seqlens[b]
+  // keys (cu_seqlens_k and total_k unused).
+  const int* page_table;
+  const int* cache_seqlens;
+  long long page_table_stride;
+  long long k_page_stride, v_page_stride;
+  int page_size;                                  // a power of two
+  int page_shift;                                 // log2(page_size)
+  int q_len;                                      // > 0: q holds q_len rows per sequence, decode's layout (cu_seqlens_q unused)
+  float k_scale, v_scale;                         // e4m3 cache: dequantized = stored * scale; else 1
   KilnTensorMap tensor_maps[kPrefillTensorMaps];  // encoded at launch for kernels that copy by TMA, else unset
 };
 
@@ -69,4 +82,24 @@ struct KilnDecodeParams {
   // Scratch for a kernel that asks for it (KernelSpec::workspace_bytes): the split-KV merge's
   // tickets and partial states (attention/decode_merge.cuh); null otherwise.
   void* workspace;
+};
+
+// kv_cache_append (attention/kv_append.cuh): token t's key and value rows go to row slot %
+// page_size of page slot / page_size of the caches, slot = slot_mapping[t] (negative: skipped).
+struct KilnKvAppendParams {
+  const void* k;  // [tokens, Hkv, D]
+  const void* v;
+  const long long* slot_mapping;  // [tokens]
+  void* k_cache;                  // [num_pages, page_size, Hkv, D]
+  void* v_cache;
+  long long k_row_stride, k_head_stride;
+  long long v_row_stride, v_head_stride;
+  long long k_cache_page_stride, k_cache_row_stride, k_cache_head_stride;
+  long long v_cache_page_stride, v_cache_row_stride, v_cache_head_stride;
+  long long slot_stride;
+  int tokens;
+  int num_heads_kv;
+  int head_dim;
+  int page_shift;          // log2(page_size)
+  float k_scale, v_scale;  // e4m3 cache: stored = value / scale
 };

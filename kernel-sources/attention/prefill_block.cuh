@@ -8,6 +8,7 @@
 namespace kiln {
 
 struct PrefillQueryBlock {
+  int batch;               // the sequence
   int head, kv_head;       // the block's first query head and the KV head it reads
   int q_begin, len_q;      // the sequence's queries in the packed q: [q_begin, q_begin + len_q)
   int k_begin, len_k;      // its keys in the packed k and v
@@ -24,12 +25,23 @@ struct PrefillQueryBlock {
 __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefillParams& p, int block_rows, int heads_per_block = 1) {
   PrefillQueryBlock blk;
   const int b = blockIdx.z;
+  blk.batch = b;
   blk.head = blockIdx.y * heads_per_block;
   blk.kv_head = blk.head / (p.num_heads_q / p.num_heads_kv);
-  blk.q_begin = p.cu_seqlens_q[b];
-  blk.len_q = p.cu_seqlens_q[b + 1] - blk.q_begin;
-  blk.k_begin = p.cu_seqlens_k[b];
-  blk.len_k = p.cu_seqlens_k[b + 1] - blk.k_begin;
+  if (p.q_len > 0) {
+    blk.q_begin = b * p.q_len;
+    blk.len_q = p.q_len;
+  } else {
+    blk.q_begin = p.cu_seqlens_q[b];
+    blk.len_q = p.cu_seqlens_q[b + 1] - blk.q_begin;
+  }
+  if (p.page_table != nullptr) {
+    blk.k_begin = 0;
+    blk.len_k = p.cache_seqlens[b];
+  } else {
+    blk.k_begin = p.cu_seqlens_k[b];
+    blk.len_k = p.cu_seqlens_k[b + 1] - blk.k_begin;
+  }
   blk.q0 = (gridDim.x - 1 - blockIdx.x) * block_rows;
   blk.shift = blk.len_k - blk.len_q;
   blk.upper_bound = p.causal != 0;
@@ -37,6 +49,64 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
   blk.key_end = blk.upper_bound ? min(blk.len_k, last_row + blk.shift + 1) : blk.len_k;
   blk.key_start = p.window_left >= 0 ? max(0, blk.q0 + blk.shift - p.window_left) : 0;
   return blk;
+}
+
+// Element offset of key `key` of sequence `batch` from the first key of that sequence (contiguous
+// K or V) or from the cache's base (paged), given the tensor's row and page strides; its head
+// offset is added by the caller. kPaged: read the page table (p.page_table is set).
+template <bool kPaged>
+__device__ __forceinline__ long long key_row_offset(const KilnPrefillParams& p, int batch, int key, long long row_stride,
+                                                    long long page_stride) {
+  if (!kPaged) return key * row_stride;
+  const long long page = p.page_table[batch * p.page_table_stride + (key >> p.page_shift)];
+  return page * page_stride + (key & (p.page_size - 1)) * row_stride;
+}
+
+// A decode call with several new tokens per sequence as a paged prefill: q_len rows per sequence,
+// causal (bottom-right aligned, as decode's tokens are). The TMA maps stay unset.
+__device__ __forceinline__ KilnPrefillParams prefill_params_of_decode(const KilnDecodeParams& d) {
+  KilnPrefillParams p;
+  p.q = d.q;
+  p.k = d.k_cache;
+  p.v = d.v_cache;
+  p.out = d.out;
+  p.lse = d.lse;
+  p.sinks = d.sinks;
+  p.cu_seqlens_q = nullptr;
+  p.cu_seqlens_k = nullptr;
+  p.q_row_stride = d.q_row_stride;
+  p.q_head_stride = d.q_head_stride;
+  p.k_row_stride = d.k_row_stride;
+  p.k_head_stride = d.k_head_stride;
+  p.v_row_stride = d.v_row_stride;
+  p.v_head_stride = d.v_head_stride;
+  p.out_row_stride = d.out_row_stride;
+  p.out_head_stride = d.out_head_stride;
+  p.lse_row_stride = d.lse_row_stride;
+  p.batch = d.batch;
+  p.num_heads_q = d.num_heads_q;
+  p.num_heads_kv = d.num_heads_kv;
+  p.head_dim = d.head_dim;
+  p.max_seqlen_q = d.q_len;
+  p.max_seqlen_k = d.max_pages_per_seq * d.page_size;
+  p.causal = 1;
+  p.window_left = d.window_left;
+  p.softmax_scale = d.softmax_scale;
+  p.softcap = d.softcap;
+  p.total_q = d.batch * d.q_len;
+  p.total_k = 0;
+  p.page_table = d.page_table;
+  p.cache_seqlens = d.cache_seqlens;
+  p.page_table_stride = d.page_table_stride;
+  p.k_page_stride = d.k_page_stride;
+  p.v_page_stride = d.v_page_stride;
+  p.page_size = d.page_size;
+  p.page_shift = 0;
+  while ((1 << p.page_shift) < d.page_size) ++p.page_shift;  // page sizes are powers of two up to 256
+  p.q_len = d.q_len;
+  p.k_scale = d.k_scale;
+  p.v_scale = d.v_scale;
+  return p;
 }
 
 }  // namespace kiln

@@ -23,7 +23,8 @@ namespace kiln {
 
 #if defined(KILN_AMD)
 
-template <typename T, int kHeadDim>
+// kPaged: K and V are paged caches (KilnPrefillParams::page_table): each row read finds its page.
+template <typename T, int kHeadDim, bool kPaged = false>
 __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
   constexpr int kBlock = 32;                  // queries per wavefront, keys per block
   constexpr int kKSteps = kHeadDim / kMfmaK;  // steps of S^T = K Q^T
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
     const int a_key = key0 + col;
     const bool a_valid = a_key < blk.len_k;
-    const u16* k_row = k_base + (a_valid ? a_key : 0) * p.k_row_stride;
+    const u16* k_row = k_base + key_row_offset<kPaged>(p, blk.batch, a_valid ? a_key : 0, p.k_row_stride, p.k_page_stride);
     const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, 0, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
     float x[16];
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
 #pragma unroll
         for (int i = 0; i < kMfmaHalfK; ++i) {
           const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
-          va[i] = key < blk.len_k ? v_base[key * p.v_row_stride + 32 * d + col] : u16(0);  // P is 0 there; no NaN
+          va[i] = key < blk.len_k ? v_base[key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) + 32 * d + col]
+                                  : u16(0);  // P is 0 there; no NaN
         }
         o[d] = mfma_32x32<T>(va, pb, o[d]);
       }

@@ -34,10 +34,9 @@ namespace kiln {
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with `chunks` per row.
 __device__ __forceinline__ unsigned swizzled(int row, int chunk, int chunks) { return (row * chunks + (chunk ^ (row & 7))) * 16; }
 
-// Registers are budgeted for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with 48-key blocks,
-// whose S tile is smaller (128), and 2 at head_dim 128 (255).
-template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2) prefill_mma(const KilnPrefillParams p) {
+// kPaged: K and V are paged caches (KilnPrefillParams::page_table): each copied row finds its page.
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages, bool kPaged>
+__device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   static_assert(kWarps % kHeadsPerCta == 0, "each head gets whole warps");
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16, kPositions = kRows / kHeadsPerCta;
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
@@ -79,8 +78,8 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ?
   // last block, so every thread always has the same groups in flight): the thread copies chunk
   // `copy_chunk` of rows copy_row + j kCopyRows, whose swizzled offsets differ by whole rows. Keys
   // no row of the CTA sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
-  const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
-  const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
+  const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + threadIdx.x % kChunks * 8;
+  const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + threadIdx.x % kChunks * 8;
   const int copy_row = threadIdx.x / kChunks, copy_chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = swizzled(copy_row, copy_chunk, kChunks);
   auto issue = [&](int block) {
@@ -89,16 +88,15 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ?
       return;
     }
     const int key = blk.key_start + block * kBlockK + copy_row;
-    const T* k_src = k_rows + key * p.k_row_stride + copy_chunk * 8;
-    const T* v_src = v_rows + key * p.v_row_stride + copy_chunk * 8;
     const unsigned k_tile = kv_tiles + block % kStages * 2 * kTileBytes + copy_offset;
 #pragma unroll
     for (int j = 0; j < kBlockK / kCopyRows; ++j) {
-      const bool valid = key + j * kCopyRows < blk.key_end;
-      copy16_async_or_zero(k_tile + j * kCopyRows * kRowBytes, valid ? k_src : k_rows, valid);
-      copy16_async_or_zero(k_tile + kTileBytes + j * kCopyRows * kRowBytes, valid ? v_src : v_rows, valid);
-      k_src += kCopyRows * p.k_row_stride;
-      v_src += kCopyRows * p.v_row_stride;
+      const int row_key = key + j * kCopyRows;
+      const bool valid = row_key < blk.key_end;
+      const long long k_at = valid ? key_row_offset<kPaged>(p, blk.batch, row_key, p.k_row_stride, p.k_page_stride) : 0;
+      const long long v_at = valid ? key_row_offset<kPaged>(p, blk.batch, row_key, p.v_row_stride, p.v_page_stride) : 0;
+      copy16_async_or_zero(k_tile + j * kCopyRows * kRowBytes, k_rows + k_at, valid);
+      copy16_async_or_zero(k_tile + kTileBytes + j * kCopyRows * kRowBytes, v_rows + v_at, valid);
     }
     commit_copies();
   };
@@ -172,5 +170,22 @@ __global__ void __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ?
 
   store_prefill_rows<T>(p, o, m_row, l_row, head, blk.q_begin, blk.len_q, row_lo, c);
 }
+
+// Registers are budgeted for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with 48-key blocks,
+// whose S tile is smaller (128), and 2 at head_dim 128 (255).
+#define KILN_PREFILL_MMA_BOUNDS __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2)
+
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages, bool kPaged = false>
+__global__ void KILN_PREFILL_MMA_BOUNDS prefill_mma(const KilnPrefillParams p) {
+  prefill_mma_cta<T, kHeadDim, kSoftcap, kWarps, kHeadsPerCta, kBlockK, kStages, kPaged>(p);
+}
+
+// Decode with several new tokens per sequence (speculative verification) as a paged prefill:
+// grid (ceil(q_len / positions), Hq / kHeadsPerCta, batch).
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
+__global__ void KILN_PREFILL_MMA_BOUNDS decode_prefill_mma(const KilnDecodeParams d) {
+  prefill_mma_cta<T, kHeadDim, kSoftcap, kWarps, kHeadsPerCta, kBlockK, kStages, true>(prefill_params_of_decode(d));
+}
+#undef KILN_PREFILL_MMA_BOUNDS
 
 }  // namespace kiln

@@ -21,7 +21,8 @@
 
 namespace kiln {
 
-template <typename T, int kHeadDim, bool kSoftcap>
+// kPaged: K and V are paged caches (KilnPrefillParams::page_table): each copied row finds its page.
+template <typename T, int kHeadDim, bool kSoftcap, bool kPaged = false>
 __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(const KilnPrefillParams p) {
   enum : int {
     kWarpgroups = kHeadDim == 64 ? 3 : 2,
@@ -67,20 +68,21 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
   enum : int { kRowStep = kCopyThreads / kChunks, kCopies = kBlockK / kRowStep };
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
-  const T* k_thread = k_rows + row0 * p.k_row_stride + chunk * 8;
-  const T* v_thread = v_rows + row0 * p.v_row_stride + chunk * 8;
+  const T* k_thread = k_rows + chunk * 8;
+  const T* v_thread = v_rows + chunk * 8;
   auto issue = [&](int block, int stage) {
     if (threadIdx.x >= kCopyThreads) return;
     unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
     unsigned char* v_tile = k_tile + kTileBytes;
-    const int first = block * kBlockK;
+    const int first = block * kBlockK + row0;
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) {
-      const int row = first + j * kRowStep;
-      const bool valid = row0 + row < blk.len_k;
-      const long long at = valid ? row : -row0;  // invalid: row 0 of the sequence, read as zero bytes
-      copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + at * p.k_row_stride, valid);
-      copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + at * p.v_row_stride, valid);
+      const int key = first + j * kRowStep;
+      const bool valid = key < blk.len_k;  // invalid: row 0 of the sequence, read as zero bytes
+      const long long k_at = valid ? key_row_offset<kPaged>(p, blk.batch, key, p.k_row_stride, p.k_page_stride) : 0;
+      const long long v_at = valid ? key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) : 0;
+      copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + k_at, valid);
+      copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + v_at, valid);
     }
     commit_copies();
   };

@@ -153,6 +153,45 @@ kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* a, void* st
   });
 }
 
+kiln_status kiln_mha_extend_with_kvcache(const kiln_mha_extend_args* a, void* stream) {
+  return guarded([&] {
+    require(a, "args");
+    kiln::MhaExtendArgs args;
+    args.q = view(a->q, "q");
+    args.k_cache = view(a->k_cache, "k_cache");
+    args.v_cache = view(a->v_cache, "v_cache");
+    args.page_table = view(a->page_table, "page_table");
+    args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
+    args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
+    args.out = view(a->out, "out");
+    args.max_seqlen_q = a->max_seqlen_q;
+    args.lse = view(a->lse, "lse");
+    args.sinks = view(a->sinks, "sinks");
+    args.softmax_scale = a->softmax_scale;
+    args.softcap = a->softcap;
+    args.causal = a->causal != 0;
+    args.window_left = a->window_left;
+    args.k_scale = a->k_scale;
+    args.v_scale = a->v_scale;
+    kiln::mha_extend_with_kvcache(args, stream);
+  });
+}
+
+kiln_status kiln_kv_cache_append(const kiln_kv_append_args* a, void* stream) {
+  return guarded([&] {
+    require(a, "args");
+    kiln::KvAppendArgs args;
+    args.k = view(a->k, "k");
+    args.v = view(a->v, "v");
+    args.slot_mapping = view(a->slot_mapping, "slot_mapping");
+    args.k_cache = view(a->k_cache, "k_cache");
+    args.v_cache = view(a->v_cache, "v_cache");
+    args.k_scale = a->k_scale;
+    args.v_scale = a->v_scale;
+    kiln::kv_cache_append(args, stream);
+  });
+}
+
 kiln_status kiln_moe_apply(const kiln_moe_args* a, void* stream) {
   return guarded([&] {
     require(a, "args");

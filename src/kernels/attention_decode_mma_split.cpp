@@ -36,8 +36,8 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
   if (auto why = detail::check_head_dim_64_or_128(sig)) return why;
   const int64_t d = sig.get_int("head_dim");
   const int64_t page = sig.get_int("page_size");
-  if (page < 16 || page > 128 || (page & (page - 1)) != 0) {
-    return fmt::format("page_size {} unsupported (supported: 16, 32, 64, 128: a 16-token tile must lie in one page)", page);
+  if (page < 1 || page > 256 || (page & (page - 1)) != 0) {
+    return fmt::format("page_size {} unsupported (supported: powers of two from 1 to 256)", page);
   }
   const int64_t rows = sig.get_int("q_len") * sig.get_int("group");
   const int64_t limit = d == 128 ? std::min<int64_t>(max_rows, 8) : max_rows;

@@ -8,11 +8,14 @@
 
 namespace kiln {
 
-KILN_REGISTER_KERNEL(attention_prefill_mfma) {
+namespace {
+
+// paged: mha_extend_with_kvcache's form (kPaged), over a cache of the queries' type.
+KernelSpec prefill_mfma_spec(const char* name, bool paged) {
   KernelSpec spec;
-  spec.name = "attention.prefill.mfma";
+  spec.name = name;
   spec.family = kFamilyAttention;
-  spec.mode = kModePrefill;
+  spec.mode = paged ? kModeExtend : kModePrefill;
   spec.backend = Backend::kHip;
   spec.priority = Priority::kPortable;
   spec.specificity = 2;
@@ -20,12 +23,15 @@ KILN_REGISTER_KERNEL(attention_prefill_mfma) {
   spec.requirements.min_arch = 910;  // gfx90a: 32x32x8 bf16_1k MFMA
   spec.requirements.features = {"mma:mfma"};
   spec.source = "attention/prefill_mfma.cuh";
-  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
+  spec.accepts = [paged](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
+    if (paged && sig.get("kv_dtype") != sig.get("dtype")) {
+      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype)", sig.get("kv_dtype"));
+    }
     return detail::check_head_dim_64_or_128(sig);
   };
-  spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_mfma<kiln::{}, {}>", sig.get("dtype"), sig.get_int("head_dim")), {}};
+  spec.specialize = [paged](const Signature& sig, const Platform&) {
+    return Specialization{fmt::format("kiln::prefill_mfma<kiln::{}, {}, {}>", sig.get("dtype"), sig.get_int("head_dim"), paged), {}};
   };
   spec.launch_shape = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
@@ -38,5 +44,10 @@ KILN_REGISTER_KERNEL(attention_prefill_mfma) {
   };
   return spec;
 }
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(attention_prefill_mfma) { return prefill_mfma_spec("attention.prefill.mfma", false); }
+KILN_REGISTER_KERNEL(attention_extend_mfma) { return prefill_mfma_spec("attention.extend.mfma", true); }
 
 }  // namespace kiln

@@ -41,13 +41,45 @@ int packed_heads(int64_t group, int warps) {
   return heads;
 }
 
+// The prefill kernels' view of a call, whatever operator it came through: the query rows, heads
+// and sequences the grid covers.
+struct GridInputs {
+  int max_rows, heads_q, heads_kv, head_dim, batch;
+};
+
+GridInputs grid_inputs(const void* params, PrefillInput input) {
+  if (input == PrefillInput::kPagedDecode) {
+    const auto& d = *static_cast<const KilnDecodeParams*>(params);
+    return {d.q_len, d.num_heads_q, d.num_heads_kv, d.head_dim, d.batch};
+  }
+  const auto& p = *static_cast<const KilnPrefillParams*>(params);
+  return {p.max_seqlen_q, p.num_heads_q, p.num_heads_kv, p.head_dim, p.batch};
+}
+
+// The paged forms read a cache of the queries' type (an e4m3 cache runs on the reference).
+std::optional<std::string> check_paged(const Signature& sig) {
+  if (sig.get("kv_dtype") != sig.get("dtype")) {
+    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the reference kernel)",
+                       sig.get("kv_dtype"));
+  }
+  return std::nullopt;
+}
+
+const char* mode_of(PrefillInput input) {
+  switch (input) {
+    case PrefillInput::kPagedExtend: return kModeExtend;
+    case PrefillInput::kPagedDecode: return kModeDecode;
+    default: return kModePrefill;
+  }
+}
+
 }  // namespace
 
 KernelSpec prefill_kernel(const PrefillKernel& k) {
   KernelSpec spec;
   spec.name = k.name;
   spec.family = kFamilyAttention;
-  spec.mode = kModePrefill;
+  spec.mode = mode_of(k.input);
   spec.priority = k.priority;
   // Windows-only kernels are narrower than general ones, and a Hopper-only one narrower still.
   spec.specificity = k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
@@ -56,11 +88,18 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.requirements.features = k.features;
   spec.source = k.source;
   const bool windows_only = k.windows_only;
-  spec.accepts = [windows_only](const Signature& sig) -> std::optional<std::string> {
+  const PrefillInput input = k.input;
+  spec.accepts = [windows_only, input](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
-    // Their band is the window behind each row: a window without causal masking reaches the end.
-    if (windows_only && !(sig.get_flag("window") && sig.get_flag("causal"))) {
+    if (input == PrefillInput::kPagedDecode) {
+      // One new token per sequence is the split decode kernels' work.
+      if (sig.get_int("q_len") < 2) return std::string("q_len 1 unsupported (supported: 2 to 16)");
+    } else if (windows_only && !(sig.get_flag("window") && sig.get_flag("causal"))) {
+      // Their band is the window behind each row: a window without causal masking reaches the end.
       return std::string("only for causal sliding windows (window=1, causal=1)");
+    }
+    if (input != PrefillInput::kContiguous) {
+      if (auto why = check_paged(sig)) return why;
     }
     return check_head_dim_64_or_128(sig);
   };
@@ -71,16 +110,17 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
       expression +=
           fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
     }
+    if (k.input == PrefillInput::kPagedExtend) expression += ", true";  // kPaged
     return Specialization{expression + ">", {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
-    const auto& p = *static_cast<const KilnPrefillParams*>(params);
-    const int heads = k.packs_heads ? packed_heads(p.num_heads_q / p.num_heads_kv, k.warps) : 1;
+    const GridInputs p = grid_inputs(params, k.input);
+    const int heads = k.packs_heads ? packed_heads(p.heads_q / p.heads_kv, k.warps) : 1;
     const int rows = k.warps > 0 ? 16 * k.warps : p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
     const int positions = rows / heads;
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + positions - 1) / positions);
-    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q / heads);
+    shape.grid[0] = static_cast<uint32_t>((p.max_rows + positions - 1) / positions);
+    shape.grid[1] = static_cast<uint32_t>(p.heads_q / heads);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(2 * rows);
     // The Q rows plus the stages of K and V tiles, 16-bit elements.
@@ -111,6 +151,20 @@ PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
           .features = {"mma:mma_sync", "memory:cp_async"},
           .key_rows = 64,
           .stages = 2};
+}
+
+PrefillKernel wgmma_kernel(const char* name) {
+  return {.name = name,
+          .source = "attention/prefill_wgmma.cuh",
+          .entry = "prefill_wgmma",
+          .priority = Priority::kPerformant,
+          .min_arch = 90,
+          .features = {"mma:wgmma", "memory:cp_async"},
+          .block_rows_d64 = 192,
+          .block_rows_d128 = 128,
+          .key_rows = 128,
+          .stages = 3,
+          .alignment = 1024};
 }
 
 }  // namespace kiln::detail

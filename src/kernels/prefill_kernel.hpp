@@ -1,6 +1,7 @@
 // What the tensor-core prefill kernels share (attention.prefill.mma, .mma_window, .wgmma,
-// .wgmma_window): the signature checks, the grid rule and the shared-memory budget, given the few
-// numbers in which they differ.
+// .wgmma_window, their paged forms attention.extend.*, and attention.decode.prefill_mma): the
+// signature checks, the grid rule and the shared-memory budget, given the few numbers in which
+// they differ.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,13 @@
 #include "kiln/registry.hpp"
 
 namespace kiln::detail {
+
+// Where a kernel's keys come from and which operator it serves.
+enum class PrefillInput {
+  kContiguous,   // mha_prefill: K and V packed by cu_seqlens_k
+  kPagedExtend,  // mha_extend_with_kvcache: paged caches (KilnPrefillParams::page_table)
+  kPagedDecode,  // mha_decode_with_kvcache with q_len >= 2: KilnDecodeParams, entry takes them
+};
 
 // What differs between the kernels.
 struct PrefillKernel {
@@ -28,11 +36,14 @@ struct PrefillKernel {
   int stages;              // K and V tile pairs in shared memory
   uint32_t alignment = 0;  // slack added to shared memory to align the tiles
   bool tma = false;        // Q, K and V copied by TMA (tensor maps in the parameter block), one mbarrier per stage
+  PrefillInput input = PrefillInput::kContiguous;
 };
 
 KernelSpec prefill_kernel(const PrefillKernel& k);
 
 // The mma.sync kernels of attention/prefill_mma.cuh, 4 warps each.
 PrefillKernel mma_sync_kernel(const char* name, Priority priority);
+// The general Hopper kernel of attention/prefill_wgmma.cuh.
+PrefillKernel wgmma_kernel(const char* name);
 
 }  // namespace kiln::detail

@@ -12,34 +12,13 @@
 #include "ops/validate.hpp"
 
 namespace kiln {
-namespace {
 
 using detail::check_dim;
+using detail::check_host_cu_seqlens;
 using detail::check_optional_tensor;
 using detail::check_same_device;
 using detail::check_tensor;
 using detail::invalid_argument;
-
-// When cu_seqlens live in host memory we can check them fully before launching.
-void check_host_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int32_t max_seqlen, const char* max_name) {
-  if (cu.device != kHostDevice || cu.numel() == 0) return;
-  const int* v = static_cast<const int*>(cu.data);
-  const int64_t n = cu.size(0);
-  if (v[0] != 0) invalid_argument(fmt::format("{}[0] must be 0, got {}", name, v[0]));
-  for (int64_t i = 1; i < n; ++i) {
-    if (v[i] < v[i - 1]) {
-      invalid_argument(fmt::format("{} must be non-decreasing: [{}] = {} < [{}] = {}", name, i, v[i], i - 1, v[i - 1]));
-    }
-    if (v[i] - v[i - 1] > max_seqlen) {
-      invalid_argument(fmt::format("{}: sequence {} has length {} > {} = {}", name, i - 1, v[i] - v[i - 1], max_name, max_seqlen));
-    }
-  }
-  if (v[n - 1] != total) {
-    invalid_argument(fmt::format("{}[{}] must equal the total row count {}, got {}", name, n - 1, total, v[n - 1]));
-  }
-}
-
-}  // namespace
 
 void validate(const MhaPrefillArgs& a) {
   const std::initializer_list<DType> half_types = {DType::kBF16, DType::kF16};

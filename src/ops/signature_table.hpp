@@ -80,6 +80,8 @@ SignatureTable<Args, sizeof...(Fields)> signature_table(OperatorId op, Fields...
 // The operators' tables (signatures.cpp).
 const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table();
 const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table();
+const SignatureTable<MhaExtendArgs, 10>& extend_signature_table();
+const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table();
 const SignatureTable<MoeArgs, 13>& moe_signature_table();
 
 }  // namespace kiln::detail

@@ -33,6 +33,8 @@ const char* layout_text(int64_t v) { return static_cast<GateUpLayout>(v) == Gate
 
 using Prefill = SignatureField<MhaPrefillArgs>;
 using Decode = SignatureField<MhaDecodeArgs>;
+using Extend = SignatureField<MhaExtendArgs>;
+using KvAppend = SignatureField<KvAppendArgs>;
 using Moe = SignatureField<MoeArgs>;
 constexpr auto kNumber = FieldText::kNumber;
 constexpr auto kFlag = FieldText::kFlag;
@@ -70,6 +72,30 @@ const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table() {
   return table;
 }
 
+const SignatureTable<MhaExtendArgs, 10>& extend_signature_table() {
+  static const auto table = signature_table<MhaExtendArgs>(
+      {kFamilyAttention, kModeExtend},
+      Extend{"dtype", kName, [](const MhaExtendArgs& a) { return static_cast<int64_t>(a.q.dtype); }, dtype_text},
+      Extend{"kv_dtype", kName, [](const MhaExtendArgs& a) { return static_cast<int64_t>(a.k_cache.dtype); }, dtype_text},
+      Extend{"head_dim", kNumber, [](const MhaExtendArgs& a) { return a.q.size(2); }},
+      Extend{"group", kNumber, [](const MhaExtendArgs& a) { return a.q.size(1) / a.k_cache.size(2); }},
+      Extend{"page_size", kNumber, [](const MhaExtendArgs& a) { return a.k_cache.size(1); }},
+      Extend{"causal", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.causal}; }},
+      Extend{"window", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.window_left >= 0}; }},
+      Extend{"sinks", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.sinks.defined()}; }},
+      Extend{"softcap", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.softcap > 0}; }},
+      Extend{"lse", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.lse.defined()}; }});
+  return table;
+}
+
+const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table() {
+  static const auto table = signature_table<KvAppendArgs>(
+      {kFamilyAttention, kModeKvAppend},
+      KvAppend{"dtype", kName, [](const KvAppendArgs& a) { return static_cast<int64_t>(a.k.dtype); }, dtype_text},
+      KvAppend{"kv_dtype", kName, [](const KvAppendArgs& a) { return static_cast<int64_t>(a.k_cache.dtype); }, dtype_text});
+  return table;
+}
+
 const SignatureTable<MoeArgs, 13>& moe_signature_table() {
   static const auto table = signature_table<MoeArgs>(
       {kFamilyMoe, kModeApply}, Moe{"dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.x.dtype); }, dtype_text},
@@ -93,11 +119,15 @@ const SignatureTable<MoeArgs, 13>& moe_signature_table() {
 
 Signature signature_of(const MhaPrefillArgs& args) { return detail::prefill_signature_table().signature(args); }
 Signature signature_of(const MhaDecodeArgs& args) { return detail::decode_signature_table().signature(args); }
+Signature signature_of(const MhaExtendArgs& args) { return detail::extend_signature_table().signature(args); }
+Signature signature_of(const KvAppendArgs& args) { return detail::kv_append_signature_table().signature(args); }
 Signature signature_of(const MoeArgs& args) { return detail::moe_signature_table().signature(args); }
 
 SignatureKeys signature_keys(const OperatorId& op) {
   if (op == detail::prefill_signature_table().op) return detail::prefill_signature_table().keys();
   if (op == detail::decode_signature_table().op) return detail::decode_signature_table().keys();
+  if (op == detail::extend_signature_table().op) return detail::extend_signature_table().keys();
+  if (op == detail::kv_append_signature_table().op) return detail::kv_append_signature_table().keys();
   if (op == detail::moe_signature_table().op) return detail::moe_signature_table().keys();
   throw Error(ErrorCode::kInvalidArgument, fmt::format("operator {}.{} has no signature keys", op.family, op.mode));
 }

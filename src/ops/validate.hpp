@@ -35,5 +35,8 @@ void check_disjoint(const TensorView& out, const char* out_name, std::initialize
 void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const char* expected_what);
 void check_same_device(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name);
 [[noreturn]] void invalid_argument(const std::string& message);
+// Host-resident cumulative lengths (cu_seqlens_q or _k) are checked entry by entry: 0 first,
+// non-decreasing, no step above `max_seqlen`, last equal to `total`. Device-resident ones are not.
+void check_host_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int32_t max_seqlen, const char* max_name);
 
 }  // namespace kiln::detail

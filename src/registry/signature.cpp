@@ -14,6 +14,8 @@ struct OperatorName {
 constexpr OperatorName kOperators[] = {
     {"mha_prefill", kFamilyAttention, kModePrefill},
     {"mha_decode_with_kvcache", kFamilyAttention, kModeDecode},
+    {"mha_extend_with_kvcache", kFamilyAttention, kModeExtend},
+    {"kv_cache_append", kFamilyAttention, kModeKvAppend},
     {"moe_apply", kFamilyMoe, kModeApply},
 };
 

@@ -69,6 +69,20 @@ float e4m3_to_float(uint8_t v) {
   const float magnitude = exponent == 0 ? std::ldexp(m, -6) : std::ldexp(1.0f + m, exponent - 7);
   return sign ? -magnitude : magnitude;
 }
+uint8_t float_to_e4m3_saturated(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7E;
+  // The nearest of the finite magnitudes by search, ties to the even code: an encoder written
+  // independently of the kernels' bit arithmetic.
+  uint8_t best = 0;
+  for (uint8_t code = 1; code <= 0x7E; ++code) {
+    const float error = std::fabs(e4m3_to_float(code) - a), best_error = std::fabs(e4m3_to_float(best) - a);
+    if (error < best_error || (error == best_error && (code & 1) == 0)) best = code;
+  }
+  return sign | best;
+}
 float e2m1_to_float(uint8_t nibble) {
   static const float magnitudes[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
   return (nibble & 8) ? -magnitudes[nibble & 7] : magnitudes[nibble & 7];

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -29,6 +30,7 @@
 #include "reference/cpu_reference.hpp"
 #include "support/signatures.hpp"
 #include "tools/device_buffer.hpp"
+#include "tools/number_formats.hpp"
 #include "tools/problems.hpp"
 
 namespace kiln::test {
@@ -468,8 +470,33 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
 }
 
-// Every case runs on each decode kernel that accepts it: the tensor-core split kernels and the
-// reference. Below as many (sequence, KV head) pairs as SMs, the split kernels deal SMs / Hkv
+const char* const kDecodeKernels[] = {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.prefill_mma",
+                                      "attention.decode.reference"};
+
+// Runs every case on each decode kernel that accepts it; each kernel must run more than
+// `at_least` of them.
+void run_decode_cases(std::mt19937& rng, const std::vector<DecodeCase>& cases, int at_least) {
+  const OperatorId decode{kFamilyAttention, kModeDecode};
+  for (const char* kernel : kDecodeKernels) {
+    Registry::global().set_override(decode, kernel);
+    int ran = 0;
+    for (const auto& c : cases) {
+      Signature sig({kFamilyAttention, kModeDecode});
+      sig.set("dtype", dtype_name(c.dtype)).set("kv_dtype", c.fp8 ? "e4m3" : dtype_name(c.dtype)).set("head_dim", int64_t{c.d});
+      sig.set("group", int64_t{c.hq / c.hkv}).set("page_size", int64_t{c.page_size}).set("q_len", int64_t{c.q_len});
+      for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
+      if (Registry::global().find(kernel)->accepts(sig)) continue;  // this kernel does not run this case
+      SCOPED_TRACE(kernel);
+      run_decode(rng, c);
+      ++ran;
+    }
+    EXPECT_GT(ran, at_least) << kernel;
+  }
+  Registry::global().set_override(decode, "");
+}
+
+// Every case runs on each decode kernel that accepts it: the tensor-core split kernels, the paged
+// prefill kernel for several tokens, and the reference. Below as many (sequence, KV head) pairs as SMs, the split kernels deal SMs / Hkv
 // ranges to the sequences by their lengths; zero-length sequences, one-tile sequences and ranges
 // left over are among the cases.
 TEST_F(Gpu, DecodeKernelsMatchFloat64) {
@@ -663,23 +690,339 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
        .window = -1,
        .sinks = true},
   };
-  const OperatorId decode{kFamilyAttention, kModeDecode};
-  for (const char* kernel : {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.reference"}) {
-    Registry::global().set_override(decode, kernel);
+  run_decode_cases(rng, cases, 3);
+}
+
+// Page sizes 1 to 256 (tiles that straddle pages below 16) and 1 to 16 new tokens per sequence
+// (speculative verification), shuffled and shared pages, windows and sinks, on every decode
+// kernel that takes them.
+TEST_F(Gpu, DecodeEveryPageSizeAndSpeculativeLength) {
+  std::vector<DecodeCase> cases;
+  for (int page : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+    for (int q_len : {1, 3, 16}) {
+      cases.push_back({.dtype = page % 4 == 0 ? DType::kBF16 : DType::kF16,
+                       .fp8 = false,
+                       .d = page >= 64 ? 128 : 64,
+                       .hq = 16,
+                       .hkv = 2,
+                       .page_size = page,
+                       .q_len = q_len,
+                       .seqlens = {q_len, 700, 33 + q_len, 0},
+                       .window = page == 8 ? 50 : -1,
+                       .sinks = page % 32 == 0});
+    }
+  }
+  cases.push_back({.dtype = DType::kBF16,
+                   .fp8 = true,
+                   .d = 128,
+                   .hq = 8,
+                   .hkv = 8,
+                   .page_size = 1,
+                   .q_len = 1,
+                   .seqlens = {5000, 17},
+                   .window = -1,
+                   .sinks = true});
+  run_decode_cases(rng, cases, 1);
+}
+
+// ---- extend and append ---------------------------------------------------------------------
+
+struct ExtendCase {
+  DType dtype;
+  bool fp8;
+  int d, hq, hkv, page_size;
+  std::vector<int> lens_q, lens_k;  // new tokens and all keys (prefix + new) per sequence
+  bool causal;
+  int window;
+  bool sinks;
+  float softcap;
+  bool append = false;  // the new tokens reach the cache through kv_cache_append, not the upload
+};
+
+// e4m3 codes for a cache, finite and |value| <= 7.5, and their values times `scale`.
+void random_e4m3(std::mt19937& rng, size_t n, float scale, std::vector<uint8_t>& bits, std::vector<double>& values) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  bits.resize(n);
+  values.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t b;
+    do {
+      b = static_cast<uint8_t>(byte(rng));
+    } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);
+    bits[i] = b;
+    values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
+  }
+}
+
+// A shuffled pool of pages: sequence b's key j lands in row j % page_size of page
+// page_table[b][j / page_size]; three pages stay unused.
+struct PagedLayout {
+  int max_pages = 1, num_pages = 0;
+  std::vector<int> page_table;
+  size_t offset(int b, int key, int hkv, int d, int page_size) const {
+    const int page = page_table[static_cast<size_t>(b * max_pages + key / page_size)];
+    return (static_cast<size_t>(page) * page_size + key % page_size) * hkv * d;
+  }
+};
+
+PagedLayout shuffled_pages(std::mt19937& rng, const std::vector<int>& lens_k, int page_size) {
+  PagedLayout l;
+  for (int len : lens_k) l.max_pages = std::max(l.max_pages, (len + page_size - 1) / page_size);
+  const int batch = static_cast<int>(lens_k.size());
+  l.num_pages = batch * l.max_pages + 3;
+  std::vector<int> pool(static_cast<size_t>(l.num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  l.page_table.assign(pool.begin(), pool.begin() + batch * l.max_pages);
+  return l;
+}
+
+void run_extend(std::mt19937& rng, const ExtendCase& c) {
+  PrefillProblem p;
+  p.hq = c.hq;
+  p.hkv = c.hkv;
+  p.d = c.d;
+  p.causal = c.causal;
+  p.window_left = c.window;
+  p.softcap = c.softcap;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  p.cu_q = {0};
+  p.cu_k = {0};
+  const int batch = static_cast<int>(c.lens_q.size());
+  for (int b = 0; b < batch; ++b) {
+    p.cu_q.push_back(p.cu_q.back() + c.lens_q[b]);
+    p.cu_k.push_back(p.cu_k.back() + c.lens_k[b]);
+  }
+  const int total_q = p.cu_q.back(), total_k = p.cu_k.back();
+  const size_t row = static_cast<size_t>(c.hkv * c.d);
+  const auto q_bits = random_half(rng, static_cast<size_t>(total_q * c.hq * c.d), c.dtype, 1.0f, p.q);
+  const float k_scale = 0.5f, v_scale = 0.25f;  // powers of two: e4m3 values times them are exact in 16 bits
+  std::vector<uint16_t> k_bits, v_bits;
+  std::vector<uint8_t> k8, v8;
+  if (c.fp8) {
+    random_e4m3(rng, total_k * row, k_scale, k8, p.k);
+    random_e4m3(rng, total_k * row, v_scale, v8, p.v);
+  } else {
+    k_bits = random_half(rng, total_k * row, c.dtype, 1.0f, p.k);
+    v_bits = random_half(rng, total_k * row, c.dtype, 1.0f, p.v);
+  }
+  std::vector<float> sinks_f;
+  if (c.sinks) {
+    for (int h = 0; h < c.hq; ++h) sinks_f.push_back(static_cast<float>(h % 3) - 1.0f);
+    p.sinks.assign(sinks_f.begin(), sinks_f.end());
+  }
+  const AttentionResult ref = prefill_reference(p);
+
+  // The caches, poisoned (0xFF is NaN in every cache type) where no key lands.
+  const PagedLayout pages = shuffled_pages(rng, c.lens_k, c.page_size);
+  const size_t elem = c.fp8 ? 1 : 2, cache_bytes = static_cast<size_t>(pages.num_pages) * c.page_size * row * elem;
+  std::vector<uint8_t> k_cache(cache_bytes, 0xFF), v_cache(cache_bytes, 0xFF);
+  // The new tokens' rows, for kv_cache_append: 16-bit values (e4m3 values times the scale, exact).
+  std::vector<uint16_t> new_k, new_v;
+  std::vector<int64_t> slots;
+  for (int b = 0; b < batch; ++b) {
+    const int prefix = c.lens_k[b] - c.lens_q[b];
+    for (int j = 0; j < c.lens_k[b]; ++j) {
+      const size_t src = (static_cast<size_t>(p.cu_k[b]) + j) * row, dst = pages.offset(b, j, c.hkv, c.d, c.page_size);
+      if (c.append && j >= prefix) {
+        for (size_t i = 0; i < row; ++i) {
+          auto half = [&](double v) {
+            return c.dtype == DType::kBF16 ? float_to_bf16(static_cast<float>(v)) : float_to_f16(static_cast<float>(v));
+          };
+          new_k.push_back(c.fp8 ? half(p.k[src + i]) : k_bits[src + i]);
+          new_v.push_back(c.fp8 ? half(p.v[src + i]) : v_bits[src + i]);
+        }
+        slots.push_back(static_cast<int64_t>(dst / row));
+        continue;
+      }
+      if (c.fp8) {
+        std::copy_n(k8.begin() + static_cast<ptrdiff_t>(src), row, k_cache.begin() + static_cast<ptrdiff_t>(dst));
+        std::copy_n(v8.begin() + static_cast<ptrdiff_t>(src), row, v_cache.begin() + static_cast<ptrdiff_t>(dst));
+      } else {
+        std::memcpy(&k_cache[dst * 2], &k_bits[src], row * 2);
+        std::memcpy(&v_cache[dst * 2], &v_bits[src], row * 2);
+      }
+    }
+  }
+  auto q = DeviceBuffer::from(q_bits), kc = DeviceBuffer::from(k_cache), vc = DeviceBuffer::from(v_cache);
+  auto pt = DeviceBuffer::from(pages.page_table), lens = DeviceBuffer::from(c.lens_k), cu_q = DeviceBuffer::from(p.cu_q);
+  auto sinks = DeviceBuffer::from(sinks_f);
+  const DType cache_type = c.fp8 ? DType::kF8E4M3 : c.dtype;
+  const int64_t num_pages = pages.num_pages;
+  if (c.append && !slots.empty()) {
+    auto nk = DeviceBuffer::from(new_k), nv = DeviceBuffer::from(new_v), sl = DeviceBuffer::from(slots);
+    KvAppendArgs app;
+    const int64_t tokens = static_cast<int64_t>(slots.size());
+    app.k = view(nk, c.dtype, {tokens, c.hkv, c.d});
+    app.v = view(nv, c.dtype, {tokens, c.hkv, c.d});
+    app.slot_mapping = view(sl, DType::kI64, {tokens});
+    app.k_cache = view(kc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
+    app.v_cache = view(vc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
+    app.k_scale = k_scale;
+    app.v_scale = v_scale;
+    kv_cache_append(app, nullptr);
+  }
+  DeviceBuffer out(q_bits.size() * 2 + 16), lse(static_cast<size_t>(total_q * c.hq) * 4 + 16);
+  out.fill_bytes(0xFF);
+  lse.fill_bytes(0xFF);
+  MhaExtendArgs a;
+  a.q = view(q, c.dtype, {total_q, c.hq, c.d});
+  a.k_cache = view(kc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
+  a.v_cache = view(vc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
+  a.page_table = view(pt, DType::kI32, {batch, pages.max_pages});
+  a.cache_seqlens = view(lens, DType::kI32, {batch});
+  a.cu_seqlens_q = view(cu_q, DType::kI32, {batch + 1});
+  a.max_seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+  a.out = view(out, c.dtype, {total_q, c.hq, c.d});
+  a.lse = view(lse, DType::kF32, {total_q, c.hq});
+  if (c.sinks) a.sinks = view(sinks, DType::kF32, {c.hq});
+  a.causal = c.causal;
+  a.window_left = c.window;
+  a.softcap = c.softcap;
+  a.k_scale = k_scale;
+  a.v_scale = v_scale;
+  mha_extend_with_kvcache(a, nullptr);
+  synchronize();
+  const std::string what = "extend d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) + " fp8=" + std::to_string(c.fp8) +
+                           " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) +
+                           " append=" + std::to_string(c.append);
+  const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
+  EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
+  expect_lse_close(lse.to_host<float>(static_cast<size_t>(total_q * c.hq)), ref.lse, what);
+}
+
+// Extend over shuffled pages of every size: no prefix, short and long prefixes, a partly filled
+// last page, windows that cross the prefix boundary, sinks, softcap, an e4m3 cache, and the new
+// tokens brought in by kv_cache_append; on every extend kernel that takes the case.
+TEST_F(Gpu, ExtendKernelsMatchFloat64) {
+  std::vector<ExtendCase> cases;
+  int i = 0;
+  for (int page : {1, 2, 8, 16, 64, 256}) {
+    for (bool causal : {true, false}) {
+      ++i;
+      cases.push_back({.dtype = i % 2 == 0 ? DType::kBF16 : DType::kF16,
+                       .fp8 = false,
+                       .d = i % 3 == 0 ? 128 : 64,
+                       .hq = 16,
+                       .hkv = 2,
+                       .page_size = page,
+                       .lens_q = {0, 1, 130, 77, 300},
+                       .lens_k = {9, 1, 130, 77 + 1000, 300 + 4100},
+                       .causal = causal,
+                       .window = i % 4 == 0 ? 128 : -1,
+                       .sinks = i % 3 == 1,
+                       .softcap = i % 5 == 0 ? 30.0f : 0.0f,
+                       .append = i % 2 == 1});
+    }
+  }
+  // GPT-OSS's layers: sliding window 128 with sinks across the prefix boundary, and full.
+  for (int window : {128, -1}) {
+    cases.push_back({.dtype = DType::kBF16,
+                     .fp8 = false,
+                     .d = 64,
+                     .hq = 64,
+                     .hkv = 8,
+                     .page_size = 64,
+                     .lens_q = {200, 64},
+                     .lens_k = {200 + 150, 64 + 4096},
+                     .causal = true,
+                     .window = window,
+                     .sinks = true,
+                     .softcap = 0,
+                     .append = window < 0});
+  }
+  for (bool append : {false, true}) {
+    cases.push_back({.dtype = DType::kBF16,
+                     .fp8 = true,
+                     .d = 128,
+                     .hq = 8,
+                     .hkv = 2,
+                     .page_size = 16,
+                     .lens_q = {33, 5},
+                     .lens_k = {33 + 70, 5},
+                     .causal = true,
+                     .window = 40,
+                     .sinks = true,
+                     .softcap = 0,
+                     .append = append});
+  }
+  const OperatorId extend{kFamilyAttention, kModeExtend};
+  for (const char* kernel :
+       {"attention.extend.wgmma", "attention.extend.mma", "attention.extend.mma_window", "attention.extend.reference"}) {
+    Registry::global().set_override(extend, kernel);
     int ran = 0;
     for (const auto& c : cases) {
-      Signature sig({kFamilyAttention, kModeDecode});
+      Signature sig({kFamilyAttention, kModeExtend});
       sig.set("dtype", dtype_name(c.dtype)).set("kv_dtype", c.fp8 ? "e4m3" : dtype_name(c.dtype)).set("head_dim", int64_t{c.d});
-      sig.set("group", int64_t{c.hq / c.hkv}).set("page_size", int64_t{c.page_size}).set("q_len", int64_t{c.q_len});
-      for (const char* f : {"window", "sinks", "softcap", "lse"}) sig.set_flag(f, false);
-      if (Registry::global().find(kernel)->accepts(sig)) continue;  // this kernel does not run this case
+      sig.set("group", int64_t{c.hq / c.hkv}).set("page_size", int64_t{c.page_size}).set_flag("causal", c.causal);
+      sig.set_flag("window", c.window >= 0).set_flag("sinks", c.sinks).set_flag("softcap", c.softcap > 0).set_flag("lse", true);
+      if (Registry::global().find(kernel)->accepts(sig)) continue;
       SCOPED_TRACE(kernel);
-      run_decode(rng, c);
+      run_extend(rng, c);
       ++ran;
     }
-    EXPECT_GT(ran, 3) << kernel;
+    EXPECT_GT(ran, 0) << kernel;
   }
-  Registry::global().set_override(decode, "");
+  Registry::global().set_override(extend, "");
+}
+
+// kv_cache_append writes exactly the rows its slots name, skips negative slots, leaves every
+// other byte alone, and rounds to e4m3 as the host's independent encoder does (saturating, ties
+// to even), values out of range and NaN included.
+TEST_F(Gpu, KvAppendWritesItsSlotsExactly) {
+  for (bool fp8 : {false, true}) {
+    for (int page : {1, 16, 256}) {
+      const int tokens = 300, hkv = 4, d = 64, num_pages = 3 * tokens / page + 4;
+      const size_t row = static_cast<size_t>(hkv * d), elem = fp8 ? 1 : 2;
+      std::vector<double> kv, vv;
+      auto k_bits = random_half(rng, tokens * row, DType::kBF16, 100.0f, kv);  // some beyond 448 once scaled
+      auto v_bits = random_half(rng, tokens * row, DType::kBF16, 1.0f, vv);
+      k_bits[5] = 0x7FC0;  // NaN
+      std::vector<int64_t> slots(static_cast<size_t>(tokens));
+      std::vector<int64_t> pool(static_cast<size_t>(num_pages * page));
+      std::iota(pool.begin(), pool.end(), 0);
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int t = 0; t < tokens; ++t) slots[static_cast<size_t>(t)] = t % 7 == 3 ? -1 : pool[static_cast<size_t>(t)];
+      std::vector<uint8_t> k_cache(static_cast<size_t>(num_pages * page) * row * elem), v_cache(k_cache.size());
+      std::uniform_int_distribution<int> byte(0, 255);
+      for (auto& b : k_cache) b = static_cast<uint8_t>(byte(rng));
+      for (auto& b : v_cache) b = static_cast<uint8_t>(byte(rng));
+      auto expect_k = k_cache, expect_v = v_cache;
+      const float k_scale = 0.5f, v_scale = 0.01f;
+      for (int t = 0; t < tokens; ++t) {
+        const int64_t slot = slots[static_cast<size_t>(t)];
+        if (slot < 0) continue;
+        for (size_t i = 0; i < row; ++i) {
+          const size_t src = static_cast<size_t>(t) * row + i, dst = static_cast<size_t>(slot) * row + i;
+          if (fp8) {
+            expect_k[dst] = float_to_e4m3_saturated(bf16_to_float(k_bits[src]) / k_scale);
+            expect_v[dst] = float_to_e4m3_saturated(bf16_to_float(v_bits[src]) / v_scale);
+          } else {
+            std::memcpy(&expect_k[dst * 2], &k_bits[src], 2);
+            std::memcpy(&expect_v[dst * 2], &v_bits[src], 2);
+          }
+        }
+      }
+      auto k = DeviceBuffer::from(k_bits), v = DeviceBuffer::from(v_bits), sl = DeviceBuffer::from(slots);
+      auto kc = DeviceBuffer::from(k_cache), vc = DeviceBuffer::from(v_cache);
+      const DType cache_type = fp8 ? DType::kF8E4M3 : DType::kBF16;
+      KvAppendArgs a;
+      a.k = view(k, DType::kBF16, {tokens, hkv, d});
+      a.v = view(v, DType::kBF16, {tokens, hkv, d});
+      a.slot_mapping = view(sl, DType::kI64, {tokens});
+      a.k_cache = view(kc, cache_type, {num_pages, page, hkv, d});
+      a.v_cache = view(vc, cache_type, {num_pages, page, hkv, d});
+      a.k_scale = k_scale;
+      a.v_scale = v_scale;
+      kv_cache_append(a, nullptr);
+      synchronize();
+      SCOPED_TRACE("fp8=" + std::to_string(fp8) + " page=" + std::to_string(page));
+      const auto got_k = kc.to_host<uint8_t>(k_cache.size()), got_v = vc.to_host<uint8_t>(v_cache.size());
+      size_t wrong = 0;
+      for (size_t i = 0; i < got_k.size(); ++i) wrong += (got_k[i] != expect_k[i]) + (got_v[i] != expect_v[i]);
+      EXPECT_EQ(wrong, 0u);
+    }
+  }
 }
 
 struct MoeCase {

@@ -26,6 +26,21 @@ inline Signature decode_signature(const std::string& dtype, const std::string& k
   return s;
 }
 
+inline Signature extend_signature(const std::string& dtype, const std::string& kv_dtype, int64_t head_dim, int64_t group,
+                                  int64_t page_size = 64, bool causal = true) {
+  Signature s({kFamilyAttention, kModeExtend});
+  s.set("dtype", dtype).set("kv_dtype", kv_dtype).set("head_dim", head_dim).set("group", group);
+  s.set("page_size", page_size).set_flag("causal", causal);
+  for (const char* f : {"window", "sinks", "softcap", "lse"}) s.set_flag(f, false);
+  return s;
+}
+
+inline Signature kv_append_signature(const std::string& dtype, const std::string& kv_dtype) {
+  Signature s({kFamilyAttention, kModeKvAppend});
+  s.set("dtype", dtype).set("kv_dtype", kv_dtype);
+  return s;
+}
+
 // Router logits, top-k then softmax; the rest as given.
 inline Signature moe_signature(const std::string& weights, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
                                const std::string& logits, const std::string& activation, const std::string& layout,
