@@ -65,6 +65,18 @@ class DecodeArgs(ctypes.Structure):
                 ("v_scale", ctypes.c_float)]
 
 
+class ExtendArgs(ctypes.Structure):
+    _fields_ = [("q", P), ("k_cache", P), ("v_cache", P), ("page_table", P), ("cache_seqlens", P), ("cu_seqlens_q", P), ("out", P),
+                ("max_seqlen_q", ctypes.c_int32), ("lse", P), ("sinks", P), ("softmax_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+                ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float)]
+
+
+class AppendArgs(ctypes.Structure):
+    _fields_ = [("k", P), ("v", P), ("slot_mapping", P), ("k_cache", P), ("v_cache", P), ("k_scale", ctypes.c_float),
+                ("v_scale", ctypes.c_float)]
+
+
 class MoeArgs(ctypes.Structure):
     _fields_ = [("x", P), ("out", P), ("router_logits", P), ("topk_ids", P), ("topk_weights", P),
                 ("top_k", ctypes.c_int32), ("routing", ctypes.c_int32), ("renormalize", ctypes.c_int32),
@@ -76,7 +88,8 @@ class Kiln:
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
         self.lib.kiln_last_error.restype = ctypes.c_char_p
-        for fn, args in (("kiln_mha_prefill", PrefillArgs), ("kiln_mha_decode_with_kvcache", DecodeArgs), ("kiln_moe_apply", MoeArgs)):
+        for fn, args in (("kiln_mha_prefill", PrefillArgs), ("kiln_mha_decode_with_kvcache", DecodeArgs), ("kiln_moe_apply", MoeArgs),
+                         ("kiln_mha_extend_with_kvcache", ExtendArgs), ("kiln_kv_cache_append", AppendArgs)):
             getattr(self.lib, fn).argtypes = [ctypes.POINTER(args), ctypes.c_void_p]
         self.lib.kiln_moe_prepare_weights.argtypes = [P, ctypes.c_void_p]
         self.keep = []  # ctypes objects referenced by pointers must outlive the call
@@ -210,12 +223,114 @@ def prefill_case(kiln, name, B, S, Hq, Hkv, D, causal, window, sinks, l2, quick)
     return row
 
 
-def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
+def extend_case(kiln, name, B, prefix, new, Hq, Hkv, D, page, window, sinks, l2, quick):
+    """Causal extend: `new` tokens per sequence after a `prefix` already in a paged cache, against
+    kiln's own contiguous prefill and SDPA on the same math (queries aligned bottom-right), both with
+    K and V contiguous."""
+    S = prefix + new
+    pairs = sum(min(S, i + 1) - max(0, i - window) if window >= 0 else i + 1 for i in range(prefix, S))
+    flops = 4.0 * D * Hq * B * pairs
+    pages_per_seq = (S + page - 1) // page
+    n = sets_for(2 * (2 * B * new * Hq * D + 2 * B * S * Hkv * D), l2)
+    g = torch.Generator(device="cuda").manual_seed(17)
+    sets = []
+    for _ in range(n):
+        q = torch.randn(B * new, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        pt = torch.randperm(B * pages_per_seq, device="cuda", generator=g).to(torch.int32).view(B, pages_per_seq)
+        kc = torch.zeros(B * pages_per_seq * page, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        slots = (pt.long()[:, :, None] * page + torch.arange(page, device="cuda")).view(B, -1)[:, :S].reshape(-1)
+        kc[slots], vc[slots] = k, v
+        sets.append((q, k, v, pt, kc.view(-1, page, Hkv, D), vc.view(-1, page, Hkv, D), torch.full_like(q, float("nan")),
+                     torch.full_like(q, float("nan"))))
+    cu_q = torch.arange(0, (B + 1) * new, new, device="cuda", dtype=torch.int32)
+    cu_k = torch.arange(0, (B + 1) * S, S, device="cuda", dtype=torch.int32)
+    lens = torch.full((B,), S, device="cuda", dtype=torch.int32)
+    sink_t = torch.randn(Hq, device="cuda", dtype=torch.float32, generator=g) if sinks else None
+    ext, pre = [], []
+    for q, k, v, pt, kc, vc, out, out_pre in sets:
+        ts = [kt(q), kt(kc), kt(vc), kt(pt), kt(lens), kt(cu_q), kt(out), kt(sink_t), kt(k), kt(v), kt(cu_k), kt(out_pre)]
+        ext.append(ExtendArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), ref(ts[6]), new, None, ref(ts[7]),
+                              0.0, 0.0, 1, window, 1.0, 1.0))
+        pre.append(PrefillArgs(ref(ts[0]), ref(ts[8]), ref(ts[9]), ref(ts[11]), ref(ts[5]), ref(ts[10]), new, S, None, ref(ts[7]),
+                               0.0, 0.0, 1, window))
+        kiln.keep.append(ts)
+    row = {"op": "mha_extend_with_kvcache", "shape": name, "flops": flops}
+    row["kiln"] = timed(lambda i: kiln.call("kiln_mha_extend_with_kvcache", ext[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
+    row["kiln_prefill_contiguous"] = timed(lambda i: kiln.call("kiln_mha_prefill", pre[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
+    kiln.call("kiln_mha_extend_with_kvcache", ext[0])
+    kiln.call("kiln_mha_prefill", pre[0])
+    out, out_pre = sets[0][6], sets[0][7]
+    row["kiln_prefill_contiguous"]["rel_err_vs_kiln"] = rel_err(out, out_pre)
+    if window < 0 and not sinks:
+        from torch.nn.attention import SDPBackend
+        from torch.nn.attention.bias import causal_lower_right
+        bhsd = lambda t, L, H: t.view(B, L, H, D).transpose(1, 2)
+        peer = [(bhsd(q, new, Hq), bhsd(k, S, Hkv), bhsd(v, S, Hkv)) for q, k, v, *_ in sets]
+        for label, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                def run(i, backend=backend):
+                    from torch.nn.attention import sdpa_kernel
+                    qq, kk, vv = peer[i]
+                    with sdpa_kernel([backend]):
+                        if prefix == 0:
+                            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+                        g_ = Hq // Hkv
+                        return F.scaled_dot_product_attention(qq, kk.repeat_interleave(g_, 1), vv.repeat_interleave(g_, 1),
+                                                              attn_mask=causal_lower_right(new, S))
+                row[label] = timed(run, n)
+                row[label]["rel_err_vs_kiln"] = rel_err(out, run(0).transpose(1, 2).reshape_as(out))
+                if prefix > 0:
+                    row[label]["note"] = "lower-right causal bias; KV heads expanded (the bias path has no GQA)"
+            except Exception as e:
+                row[label] = {"error": str(e).splitlines()[0][:160]}
+    return row
+
+
+def append_case(kiln, name, T, Hkv, D, page, l2, quick):
+    """kv_cache_append of T tokens into shuffled slots, against the device copy rate (same bytes
+    read and written) and the indexed assignment a PyTorch engine writes without a kernel."""
+    bytes_ = 2 * 2 * (2 * T * Hkv * D)  # K and V, read and written
+    pages = 4 * T // page + 1
+    n = sets_for(bytes_, l2)
+    g = torch.Generator(device="cuda").manual_seed(19)
+    kc = torch.zeros(pages, page, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    sets = []
+    for _ in range(n):
+        k = torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        slots = torch.randperm(pages * page, device="cuda", generator=g)[:T].contiguous()
+        sets.append((k, v, slots))
+    args = []
+    for k, v, slots in sets:
+        ts = [kt(k), kt(v), kt(slots), kt(kc), kt(vc)]
+        args.append(AppendArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), 1.0, 1.0))
+        kiln.keep.append(ts)
+    row = {"op": "kv_cache_append", "shape": name, "bytes": bytes_}
+    row["kiln"] = timed(lambda i: kiln.call("kiln_kv_cache_append", args[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
+    kiln.call("kiln_kv_cache_append", args[0])
+    k, v, slots = sets[0]
+    flat_k = kc.view(-1, Hkv, D)
+    row["kiln"]["exact"] = bool(torch.equal(flat_k[slots], k))
+    def indexed(i):
+        k_, v_, s_ = sets[i]
+        kc.view(-1, Hkv, D).index_copy_(0, s_, k_)
+        vc.view(-1, Hkv, D).index_copy_(0, s_, v_)
+    row["torch_index_copy"] = timed(indexed, n)
+    return row
+
+
+def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False, q_len=1):
     """fp8: kiln reads an e4m3 cache (per-tensor scales); SDPA has no fp8 KV path, so the peers run
-    the same math on the bf16 cache a user would otherwise keep."""
+    the same math on the bf16 cache a user would otherwise keep. q_len > 1: speculative tokens,
+    causal among themselves (the peers, without a bottom-right mask, attend to every key: the
+    same bytes, slightly more work)."""
     pages_per_seq = ctx // page
     kv_bytes = 2 * B * ctx * Hkv * D * (1 if fp8 else 2)
-    bytes_ = kv_bytes + 2 * 2 * B * Hq * D
+    bytes_ = kv_bytes + 2 * 2 * B * q_len * Hq * D
     n = sets_for(kv_bytes, l2)
     g = torch.Generator(device="cuda").manual_seed(11)
     sets = []
@@ -223,7 +338,7 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
         kc = torch.randn(B * pages_per_seq, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         vc = torch.randn(B * pages_per_seq, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         pt = torch.randperm(B * pages_per_seq, device="cuda", generator=g).to(torch.int32).view(B, pages_per_seq)
-        q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = torch.randn(B * q_len, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         sets.append((q, kc, vc, pt, torch.full_like(q, float("nan"))))
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
     scale = 0.25  # e4m3 holds the bf16 values / scale; the peers see the dequantized values
@@ -232,7 +347,7 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
     args = []
     for q, kc, vc, pt, out in sets:
         ts = [kt(q), kt(kc), kt(vc), kt(pt), kt(lens), kt(out)]
-        args.append(DecodeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), 1, None, None, 0.0, 0.0, -1,
+        args.append(DecodeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), q_len, None, None, 0.0, 0.0, -1,
                                scale if fp8 else 1.0, scale if fp8 else 1.0))
         kiln.keep.append(ts)
     row = {"op": "mha_decode_with_kvcache", "shape": name, "bytes": bytes_}
@@ -244,12 +359,13 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False):
         return kc_[pt_.long()].reshape(B, ctx, Hkv, D).transpose(1, 2).contiguous()
     def bf16(c):
         return c.to(torch.bfloat16) * scale if fp8 else c
-    peer = [(q_.view(B, Hq, 1, D), contiguous(bf16(kc_), pt_), contiguous(bf16(vc_), pt_)) for q_, kc_, vc_, pt_, _ in sets]
+    peer = [(q_.view(B, q_len, Hq, D).transpose(1, 2), contiguous(bf16(kc_), pt_), contiguous(bf16(vc_), pt_)) for q_, kc_, vc_, pt_, _ in sets]
     from torch.nn.attention import SDPBackend
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             row[label] = timed(lambda i: sdpa(*peer[i], False, backend), n)
-            row[label]["rel_err_vs_kiln"] = rel_err(out, sdpa(*peer[0], False, backend).view_as(out))
+            if q_len == 1:
+                row[label]["rel_err_vs_kiln"] = rel_err(out, sdpa(*peer[0], False, backend).view_as(out))
         except Exception as e:
             row[label] = {"error": str(e).splitlines()[0][:160]}
     return row
@@ -393,7 +509,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
-    ap.add_argument("--only", choices=["prefill", "decode", "moe"], help="one operator family")
+    ap.add_argument("--only", choices=["prefill", "decode", "moe", "extend", "append"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
     ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
     ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared)")
@@ -427,12 +543,37 @@ def main():
                                      ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)) if args.only in (None, "decode") else ():
         if args.decode_shapes and not any(name.startswith(f"{s} ") for s in args.decode_shapes.split(",")):
             continue
-        for page in (16, 64):
+        for page in (1, 16, 64):
             settle(rows)
             rows.append(decode_case(kiln, f"{name} p{page}", B, ctx, Hq, Hkv, D, page, l2, args.quick))
             print(json.dumps(rows[-1]), flush=True)
         settle(rows)
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
+        print(json.dumps(rows[-1]), flush=True)
+    # Speculative verification: 4 and 16 tokens per sequence against one (the rows above).
+    for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64),) if args.only in (None, "decode") else ():
+        if args.decode_shapes and not any(name.startswith(f"{s} ") for s in args.decode_shapes.split(",")):
+            continue
+        for q_len in (4, 16):
+            settle(rows)
+            rows.append(decode_case(kiln, f"{name} p16 q_len{q_len}", B, ctx, Hq, Hkv, D, 16, l2, args.quick, q_len=q_len))
+            print(json.dumps(rows[-1]), flush=True)
+    extend_cases = [
+        ("gpt-oss prefix 0 +4096 p64", 1, 0, 4096, 64, 8, 64, 64, -1, False),
+        ("gpt-oss prefix 4096 +4096 p64", 1, 4096, 4096, 64, 8, 64, 64, -1, False),
+        ("d128 prefix 0 +4096 p64", 1, 0, 4096, 32, 8, 128, 64, -1, False),
+        ("d128 prefix 4096 +4096 p64", 1, 4096, 4096, 32, 8, 128, 64, -1, False),
+        ("gpt-oss window 128 prefix 4096 +4096 p64", 1, 4096, 4096, 64, 8, 64, 64, 128, True),
+        ("d128 prefix 4096 +4096 p16", 1, 4096, 4096, 32, 8, 128, 16, -1, False),
+    ]
+    for c in extend_cases if args.only in (None, "extend") else ():
+        settle(rows)
+        rows.append(extend_case(kiln, *c, l2=l2, quick=args.quick))
+        print(json.dumps(rows[-1]), flush=True)
+    for name, T, Hkv, D, page in (("T4096 8x128 p16", 4096, 8, 128, 16), ("T4096 8x64 p1", 4096, 8, 64, 1),
+                                  ("T4096 8x128 p64", 4096, 8, 128, 64)) if args.only in (None, "append") else ():
+        settle(rows)
+        rows.append(append_case(kiln, name, T, Hkv, D, page, l2, args.quick))
         print(json.dumps(rows[-1]), flush=True)
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
     # In the order --moe-weights lists the formats (to alternate which one runs first).
@@ -448,19 +589,19 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
         json.dump({"device": props.name, "torch": torch.__version__, "ceilings": ceil, "rows": rows}, f, indent=1)
-    for op in ("mha_prefill", "mha_decode_with_kvcache", "moe_apply"):
+    for op in ("mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply"):
         plot(rows, op, os.path.join(args.out, f"{op}.png"))
     # The table: per shape, kiln's time and each peer's time as a speed ratio (peer ms / kiln ms).
     print(f"\ndevice {props.name}, torch {torch.__version__}; ceilings: copy {ceil['copy_tbps']:.2f} TB/s, "
           f"bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, fp8 GEMM {ceil.get('fp8_gemm_tflops', float('nan')):.0f} TFLOP/s")
-    print(f"{'operator':<10} {'shape':<26} {'kiln ms':>10} {'rate':>14}  peers: ms (kiln speed = peer ms / kiln ms)")
+    print(f"{'operator':<10} {'shape':<40} {'kiln ms':>10} {'rate':>14}  peers: ms (kiln speed = peer ms / kiln ms)")
     for r in rows:
         k = r["kiln"]["median_ms"]
-        rate = f"{r['flops'] / k / 1e9:.1f} TFLOP/s" if r["op"] == "mha_prefill" else f"{r['bytes'] / k / 1e9:.3f} TB/s"
+        rate = f"{r['flops'] / k / 1e9:.1f} TFLOP/s" if "flops" in r and r["op"] != "moe_apply" else f"{r['bytes'] / k / 1e9:.3f} TB/s"
         peers = "  ".join(f"{p} {v['median_ms']:.3f} ({v['median_ms'] / k:.3g}x)" for p, v in r.items()
                           if isinstance(v, dict) and p != "kiln" and "median_ms" in v)
         errs = "  ".join(f"{p} n/a: {v['error'][:50]}" for p, v in r.items() if isinstance(v, dict) and "error" in v)
-        print(f"{r['op'][:10]:<10} {r['shape']:<26} {k:>10.3f} {rate:>14}  {peers} {errs}")
+        print(f"{r['op'][:10]:<10} {r['shape']:<40} {k:>10.3f} {rate:>14}  {peers} {errs}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "kiln/author.hpp"
@@ -38,6 +39,29 @@ MhaDecodeArgs valid_decode() {
   a.page_table = dev(fake(4), DType::kI32, {4, 16});
   a.cache_seqlens = dev(fake(5), DType::kI32, {4});
   a.out = dev(fake(6), DType::kBF16, {8, 32, 128});
+  return a;
+}
+
+MhaExtendArgs valid_extend() {
+  MhaExtendArgs a;
+  a.q = dev(fake(1), DType::kBF16, {100, 32, 128});  // B = 2
+  a.k_cache = dev(fake(2), DType::kBF16, {64, 16, 8, 128});
+  a.v_cache = dev(fake(3), DType::kBF16, {64, 16, 8, 128});
+  a.page_table = dev(fake(4), DType::kI32, {2, 32});
+  a.cache_seqlens = dev(fake(5), DType::kI32, {2});
+  a.cu_seqlens_q = dev(fake(7), DType::kI32, {3});
+  a.max_seqlen_q = 60;
+  a.out = dev(fake(6), DType::kBF16, {100, 32, 128});
+  return a;
+}
+
+KvAppendArgs valid_append() {
+  KvAppendArgs a;
+  a.k = dev(fake(1), DType::kBF16, {40, 8, 128});
+  a.v = dev(fake(2), DType::kBF16, {40, 8, 128});
+  a.slot_mapping = dev(fake(3), DType::kI64, {40});
+  a.k_cache = dev(fake(4), DType::kBF16, {64, 16, 8, 128});
+  a.v_cache = dev(fake(5), DType::kBF16, {64, 16, 8, 128});
   return a;
 }
 
@@ -323,6 +347,113 @@ TEST(Validation, Decode) {
            .breaks = [](auto& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; },
            .expect = "k_cache: data pointer"},
       });
+}
+
+TEST(Validation, Extend) {
+  static int cu_host[] = {0, 60, 100};
+  static int lens_short[] = {60, 39};
+  static int lens_ok[] = {60, 500};
+  run_cases<MhaExtendArgs>(
+      &valid_extend,
+      {
+          {.name = "cu missing", .breaks = [](auto& a) { a.cu_seqlens_q = {}; }, .expect = "cu_seqlens_q: required tensor is missing"},
+          {.name = "batch",
+           .breaks =
+               [](auto& a) {
+                 a.page_table = dev(fake(4), DType::kI32, {3, 32});
+               },
+           .expect = "page_table: dimension 0 must be batch (cu_seqlens_q entries - 1) = 2"},
+          {.name = "page size",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = a.v_cache = dev(fake(2), DType::kBF16, {64, 24, 8, 128});
+               },
+           .expect = "k_cache: page_size (dimension 1) must be a power of two from 1 to 256, got 24"},
+          {.name = "page size 512",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = a.v_cache = dev(fake(2), DType::kBF16, {4, 512, 8, 128});
+               },
+           .expect = "got 512"},
+          {.name = "max_seqlen_q",
+           .breaks = [](auto& a) { a.max_seqlen_q = 101; },
+           .expect = "max_seqlen_q: must be in [0, total_q = 100]"},
+          {.name = "host cu past max",
+           .breaks =
+               [](auto& a) {
+                 a.cu_seqlens_q = TensorView::contiguous(cu_host, DType::kI32, {3}, kHostDevice);
+                 a.max_seqlen_q = 50;
+               },
+           .expect = "cu_seqlens_q: sequence 0 has length 60 > max_seqlen_q = 50"},
+          {.name = "new tokens missing from the cache",
+           .breaks =
+               [](auto& a) {
+                 a.cu_seqlens_q = TensorView::contiguous(cu_host, DType::kI32, {3}, kHostDevice);
+                 a.cache_seqlens = TensorView::contiguous(lens_short, DType::kI32, {2}, kHostDevice);
+               },
+           .expect = "cache_seqlens[1] = 39 is smaller than the sequence's q rows = 40"},
+          {.name = "fp8 scale",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
+                 a.v_scale = -1.0f;
+               },
+           .expect = "v_scale: must be finite and > 0"},
+          {.name = "out over q", .breaks = [](auto& a) { a.out.data = a.q.data; }, .expect = "out: overlaps q in memory"},
+      });
+  MhaExtendArgs a = valid_extend();
+  a.cu_seqlens_q = TensorView::contiguous(cu_host, DType::kI32, {3}, kHostDevice);
+  a.cache_seqlens = TensorView::contiguous(lens_ok, DType::kI32, {2}, kHostDevice);
+  EXPECT_NO_THROW(validate(a));
+  a.window_left = 128;
+  EXPECT_EQ(signature_of(a).canonical(),
+            "attention.extend:causal=1,dtype=bf16,group=4,head_dim=128,kv_dtype=bf16,lse=0,page_size=16,sinks=0,softcap=0,window=1");
+}
+
+TEST(Validation, KvAppend) {
+  run_cases<KvAppendArgs>(
+      &valid_append,
+      {
+          {.name = "slots int32",
+           .breaks = [](auto& a) { a.slot_mapping.dtype = DType::kI32; },
+           .expect = "slot_mapping: expected dtype i64, got i32"},
+          {.name = "slots length",
+           .breaks = [](auto& a) { a.slot_mapping = dev(fake(3), DType::kI64, {39}); },
+           .expect = "slot_mapping: dimension 0 must be k's tokens (dimension 0) = 40"},
+          {.name = "v shape",
+           .breaks =
+               [](auto& a) {
+                 a.v = dev(fake(2), DType::kBF16, {40, 4, 128});
+               },
+           .expect = "v: dimension 1 must be k's size = 8"},
+          {.name = "cache heads",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = a.v_cache = dev(fake(4), DType::kBF16, {64, 16, 4, 128});
+               },
+           .expect = "k_cache: dimension 2 must be k's Hkv = 8"},
+          {.name = "cache dtype",
+           .breaks = [](auto& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kF16; },
+           .expect = "k_cache: dtype must be k's dtype bf16 or e4m3, got f16"},
+          {.name = "page size",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache = a.v_cache = dev(fake(4), DType::kBF16, {64, 3, 8, 128});
+               },
+           .expect = "page_size (dimension 1) must be a power of two"},
+          {.name = "cache over k", .breaks = [](auto& a) { a.k_cache.data = a.k.data; }, .expect = "k_cache: overlaps k in memory"},
+          {.name = "e4m3 scale",
+           .breaks =
+               [](auto& a) {
+                 a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
+                 a.k_scale = std::numeric_limits<float>::infinity();
+               },
+           .expect = "k_scale: must be finite and > 0"},
+          {.name = "host k", .breaks = [](auto& a) { a.k.device = kHostDevice; }, .expect = "k: must be in device memory"},
+      });
+  KvAppendArgs a = valid_append();
+  a.k_cache.dtype = a.v_cache.dtype = DType::kF8E4M3;
+  EXPECT_EQ(signature_of(a).canonical(), "attention.kv_append:dtype=bf16,kv_dtype=e4m3");
 }
 
 TEST(Validation, DecodeSignature) {

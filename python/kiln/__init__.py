@@ -19,12 +19,13 @@ from ._tensors import typed
 
 __version__ = _capi.lib.kiln_version().decode()
 
-__all__ = ["__version__", "mha_prefill", "mha_decode_with_kvcache", "moe_apply", "moe_prepare_weights", "explain", "list_kernels",
+__all__ = ["__version__", "mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply", "moe_prepare_weights", "explain", "list_kernels",
            "cache_stats", "warmup", "set_log_callback", "set_log_level", "log_to_python", "set_override", "load_plugin", "prepare_only", "typed", "KilnError",
            "InvalidArgumentError", "UnsupportedError", "NoKernelError", "CompileError", "DriverError", "CacheError", "PluginError",
            "InternalError", "GraphCaptureError"]
 
-from ._ops import (mha_decode_with_kvcache, mha_prefill, moe_apply, moe_prepare_weights)  # noqa: E402
+from ._ops import (kv_cache_append, mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill, moe_apply,  # noqa: E402
+                   moe_prepare_weights)
 
 
 def list_kernels():

@@ -44,6 +44,8 @@ def _load():
         "kiln_version": (c.c_char_p, []),
         "kiln_mha_prefill": (c.c_int, [c.c_void_p, c.c_void_p]),
         "kiln_mha_decode_with_kvcache": (c.c_int, [c.c_void_p, c.c_void_p]),
+        "kiln_mha_extend_with_kvcache": (c.c_int, [c.c_void_p, c.c_void_p]),
+        "kiln_kv_cache_append": (c.c_int, [c.c_void_p, c.c_void_p]),
         "kiln_moe_apply": (c.c_int, [c.c_void_p, c.c_void_p]),
         "kiln_moe_prepare_weights": (c.c_int, [c.c_void_p, c.c_void_p]),
         "kiln_list_kernels_json": (c.c_int, [c.POINTER(c.c_void_p)]),
@@ -192,6 +194,12 @@ DECODE_ARGS = ArgBlock([("q", "tensor"), ("k_cache", "tensor"), ("v_cache", "ten
                         ("cache_seqlens", "tensor"), ("out", "tensor"), ("q_len", "i32"), ("lse", "tensor"), ("sinks", "tensor"),
                         ("softmax_scale", "f32"), ("softcap", "f32"), ("window_left", "i32"), ("k_scale", "f32"),
                         ("v_scale", "f32")])
+EXTEND_ARGS = ArgBlock([("q", "tensor"), ("k_cache", "tensor"), ("v_cache", "tensor"), ("page_table", "tensor"),
+                        ("cache_seqlens", "tensor"), ("cu_seqlens_q", "tensor"), ("out", "tensor"), ("max_seqlen_q", "i32"),
+                        ("lse", "tensor"), ("sinks", "tensor"), ("softmax_scale", "f32"), ("softcap", "f32"), ("causal", "i32"),
+                        ("window_left", "i32"), ("k_scale", "f32"), ("v_scale", "f32")])
+APPEND_ARGS = ArgBlock([("k", "tensor"), ("v", "tensor"), ("slot_mapping", "tensor"), ("k_cache", "tensor"), ("v_cache", "tensor"),
+                        ("k_scale", "f32"), ("v_scale", "f32")])
 MOE_ARGS = ArgBlock([("x", "tensor"), ("out", "tensor"), ("router_logits", "tensor"), ("topk_ids", "tensor"),
                      ("topk_weights", "tensor"), ("top_k", "i32"), ("routing", "i32"), ("renormalize", "i32"), ("w13", "tensor"),
                      ("w13_scale", "tensor"), ("w13_bias", "tensor"), ("w2", "tensor"), ("w2_scale", "tensor"),

@@ -109,6 +109,31 @@ def mha_decode_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, out,
     _capi.check(_capi.lib.kiln_mha_decode_with_kvcache(buf, s))
 
 
+def mha_extend_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, out, *, lse=None,
+                            sinks=None, softmax_scale=None, softcap=None, causal=True, window_left=None, k_scale=None,
+                            v_scale=None, stream=None):
+    """Attention of each sequence's new tokens (packed by cu_seqlens_q) against its prefix and
+    themselves in a paged KV cache; writes `out`."""
+    s = stream_handle(stream)
+    t = _Descriptors(s)
+    scale, cap, window = attention_scalars(softmax_scale, softcap, window_left)
+    buf = _capi.EXTEND_ARGS.pack((t(q, "q"), t(k_cache, "k_cache"), t(v_cache, "v_cache"), t(page_table, "page_table"),
+                                  t(cache_seqlens, "cache_seqlens"), t(cu_seqlens_q, "cu_seqlens_q"), t(out, "out"),
+                                  int(max_seqlen_q), t(lse, "lse"), t(sinks, "sinks"), scale, cap, int(bool(causal)), window,
+                                  kv_scale(k_scale, "k_scale"), kv_scale(v_scale, "v_scale")))
+    _capi.check(_capi.lib.kiln_mha_extend_with_kvcache(buf, s))
+
+
+def kv_cache_append(k, v, slot_mapping, k_cache, v_cache, *, k_scale=None, v_scale=None, stream=None):
+    """Writes new tokens' keys and values into the paged caches at slot_mapping (int64; negative
+    skips a token); an e4m3 cache stores value / scale."""
+    s = stream_handle(stream)
+    t = _Descriptors(s)
+    buf = _capi.APPEND_ARGS.pack((t(k, "k"), t(v, "v"), t(slot_mapping, "slot_mapping"), t(k_cache, "k_cache"),
+                                  t(v_cache, "v_cache"), kv_scale(k_scale, "k_scale"), kv_scale(v_scale, "v_scale")))
+    _capi.check(_capi.lib.kiln_kv_cache_append(buf, s))
+
+
 def moe_apply(x, out, w13, w2, *, top_k, router_logits=None, topk_ids=None, topk_weights=None, routing="topk_softmax",
               renormalize=True, w13_scale=None, w13_bias=None, w2_scale=None, w2_bias=None, activation="silu_glu",
               gate_up_layout="concatenated", weight_format="auto", stream=None):

@@ -7,6 +7,8 @@ allocator, so calls capture in CUDA graphs and their memory is accounted where t
 Operators (schemas below; tensors on one CUDA device; the current torch stream):
   mha_prefill, mha_prefill_lse, mha_prefill_out
   mha_decode_with_kvcache, mha_decode_with_kvcache_lse, mha_decode_with_kvcache_out
+  mha_extend_with_kvcache, mha_extend_with_kvcache_lse, mha_extend_with_kvcache_out
+  kv_cache_append (writes the caches in place)
   moe_apply, moe_apply_out, moe_prepare_weights
 The functional forms allocate their outputs; the *_out forms write the caller's `out` (and `lse`)
 and return nothing. Every one has a fake implementation, so torch.compile(fullgraph=True) traces
@@ -21,13 +23,16 @@ from . import _capi, _ops, prepare_only
 from ._errors import invalid_argument
 from ._tensors import _torch_dtypes, require_bytes
 
-__all__ = ["mha_prefill", "mha_decode_with_kvcache", "moe_apply", "moe_prepare_weights", "warmup_for"]
+__all__ = ["mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply", "moe_prepare_weights", "warmup_for"]
 
 _ATTENTION_OPTIONS = "float? softmax_scale=None, float? softcap=None, int? window_left=None"
 _PREFILL_INPUTS = "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
 _PREFILL_OPTIONS = f"Tensor? sinks=None, {_ATTENTION_OPTIONS}, bool causal=False"
 _DECODE_INPUTS = "Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens"
 _DECODE_OPTIONS = f"int q_len=1, Tensor? sinks=None, {_ATTENTION_OPTIONS}, float? k_scale=None, float? v_scale=None"
+_EXTEND_INPUTS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, Tensor cu_seqlens_q, "
+                  "int max_seqlen_q")
+_EXTEND_OPTIONS = f"Tensor? sinks=None, {_ATTENTION_OPTIONS}, bool causal=True, float? k_scale=None, float? v_scale=None"
 _MOE_INPUTS = "Tensor x, Tensor w13, Tensor w2, int top_k"
 _MOE_OPTIONS = ("Tensor? router_logits=None, Tensor? topk_ids=None, Tensor? topk_weights=None, str routing='topk_softmax', "
                 "bool renormalize=True, Tensor? w13_scale=None, Tensor? w13_bias=None, Tensor? w2_scale=None, "
@@ -40,6 +45,11 @@ _SCHEMAS = {
     "mha_decode_with_kvcache": f"({_DECODE_INPUTS}, *, {_DECODE_OPTIONS}) -> Tensor",
     "mha_decode_with_kvcache_lse": f"({_DECODE_INPUTS}, *, {_DECODE_OPTIONS}) -> (Tensor, Tensor)",
     "mha_decode_with_kvcache_out": f"({_DECODE_INPUTS}, *, Tensor(a!) out, Tensor(b!)? lse=None, {_DECODE_OPTIONS}) -> ()",
+    "mha_extend_with_kvcache": f"({_EXTEND_INPUTS}, *, {_EXTEND_OPTIONS}) -> Tensor",
+    "mha_extend_with_kvcache_lse": f"({_EXTEND_INPUTS}, *, {_EXTEND_OPTIONS}) -> (Tensor, Tensor)",
+    "mha_extend_with_kvcache_out": f"({_EXTEND_INPUTS}, *, Tensor(a!) out, Tensor(b!)? lse=None, {_EXTEND_OPTIONS}) -> ()",
+    "kv_cache_append": ("(Tensor k, Tensor v, Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!) v_cache, *, float? k_scale=None, "
+                        "float? v_scale=None) -> ()"),
     "moe_apply": f"({_MOE_INPUTS}, *, {_MOE_OPTIONS}) -> Tensor",
     "moe_apply_out": f"({_MOE_INPUTS}, *, Tensor(a!) out, {_MOE_OPTIONS}) -> ()",
     "moe_prepare_weights": "(Tensor(a!) weights) -> ()",
@@ -91,6 +101,21 @@ def _decode_out(q, k_cache, v_cache, page_table, cache_seqlens, *, out, lse=None
     _capi.check(_capi.lib.kiln_mha_decode_with_kvcache(buf, _stream(q)))
 
 
+def _extend_out(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, *, out, lse=None, sinks=None,
+                softmax_scale=None, softcap=None, window_left=None, causal=True, k_scale=None, v_scale=None):
+    scale, cap, window = _ops.attention_scalars(softmax_scale, softcap, window_left)
+    buf = _packed(_capi.EXTEND_ARGS, (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, out, max_seqlen_q, lse, sinks,
+                                      scale, cap, int(causal), window, _ops.kv_scale(k_scale, "k_scale"),
+                                      _ops.kv_scale(v_scale, "v_scale")))
+    _capi.check(_capi.lib.kiln_mha_extend_with_kvcache(buf, _stream(q)))
+
+
+def _append(k, v, slot_mapping, k_cache, v_cache, *, k_scale=None, v_scale=None):
+    buf = _packed(_capi.APPEND_ARGS, (k, v, slot_mapping, k_cache, v_cache, _ops.kv_scale(k_scale, "k_scale"),
+                                      _ops.kv_scale(v_scale, "v_scale")))
+    _capi.check(_capi.lib.kiln_kv_cache_append(buf, _stream(k)))
+
+
 _W13, _W13_SCALE, _W2, _W2_SCALE = (_capi.MOE_ARGS.index(n) for n in ("w13", "w13_scale", "w2", "w2_scale"))
 
 
@@ -138,6 +163,18 @@ def _decode_lse(*args, **kwargs):
     return out, lse
 
 
+def _extend(*args, **kwargs):
+    out = args[0].new_empty(args[0].shape)
+    _extend_out(*args, out=out, **kwargs)
+    return out
+
+
+def _extend_lse(*args, **kwargs):
+    out, lse = args[0].new_empty(args[0].shape), _lse_like(args[0])
+    _extend_out(*args, out=out, lse=lse, **kwargs)
+    return out, lse
+
+
 def _moe(*args, **kwargs):
     out = args[0].new_empty(args[0].shape)
     _moe_out(*args, out=out, **kwargs)
@@ -152,7 +189,9 @@ def _prepare_weights(weights):
 
 _EAGER = {"mha_prefill": _prefill, "mha_prefill_lse": _prefill_lse, "mha_prefill_out": _prefill_out,
           "mha_decode_with_kvcache": _decode, "mha_decode_with_kvcache_lse": _decode_lse,
-          "mha_decode_with_kvcache_out": _decode_out, "moe_apply": _moe, "moe_apply_out": _moe_out,
+          "mha_decode_with_kvcache_out": _decode_out, "mha_extend_with_kvcache": _extend,
+          "mha_extend_with_kvcache_lse": _extend_lse, "mha_extend_with_kvcache_out": _extend_out, "kv_cache_append": _append,
+          "moe_apply": _moe, "moe_apply_out": _moe_out,
           "moe_prepare_weights": _prepare_weights}
 # CPU tensors reach kiln too, which refuses them by name ("q: must be in device memory").
 for _name, _fn in _EAGER.items():
@@ -175,7 +214,9 @@ def _fake_nothing(*args, **kwargs):
 
 _FAKE = {"mha_prefill": _fake_same, "mha_prefill_lse": _fake_with_lse, "mha_prefill_out": _fake_nothing,
          "mha_decode_with_kvcache": _fake_same, "mha_decode_with_kvcache_lse": _fake_with_lse,
-         "mha_decode_with_kvcache_out": _fake_nothing, "moe_apply": _fake_same, "moe_apply_out": _fake_nothing,
+         "mha_decode_with_kvcache_out": _fake_nothing, "mha_extend_with_kvcache": _fake_same,
+         "mha_extend_with_kvcache_lse": _fake_with_lse, "mha_extend_with_kvcache_out": _fake_nothing,
+         "kv_cache_append": _fake_nothing, "moe_apply": _fake_same, "moe_apply_out": _fake_nothing,
          "moe_prepare_weights": _fake_nothing}
 for _name, _fn in _FAKE.items():
     _torch.library.register_fake("kiln::" + _name, _fn, lib=_library)
@@ -223,6 +264,24 @@ def mha_decode_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, *, o
     if return_lse:
         return ops.mha_decode_with_kvcache_lse(q, k_cache, v_cache, page_table, cache_seqlens, **options)
     return ops.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, **options)
+
+
+def mha_extend_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, *, out=None, lse=None,
+                            return_lse=False, **options):
+    """torch.ops.kiln.mha_extend_with_kvcache[_lse|_out] by arguments, as mha_prefill."""
+    ops = _torch.ops.kiln
+    inputs = (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q)
+    if out is not None:
+        ops.mha_extend_with_kvcache_out(*inputs, out=out, lse=lse, **options)
+        return (out, lse) if return_lse else out
+    if return_lse:
+        return ops.mha_extend_with_kvcache_lse(*inputs, **options)
+    return ops.mha_extend_with_kvcache(*inputs, **options)
+
+
+def kv_cache_append(k, v, slot_mapping, k_cache, v_cache, **options):
+    """torch.ops.kiln.kv_cache_append: writes the caches in place."""
+    _torch.ops.kiln.kv_cache_append(k, v, slot_mapping, k_cache, v_cache, **options)
 
 
 def moe_apply(x, w13, w2, top_k, *, out=None, **options):

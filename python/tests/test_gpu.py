@@ -166,6 +166,85 @@ def test_decode_matches_float64_with_shuffled_pages(dtype, d, q_len, page_size, 
     assert relative_error(out, ref) < BOUND[dtype]
 
 
+@pytest.mark.parametrize("page_size", [1, 2, 16, 256])
+def test_decode_every_page_size_and_sixteen_speculative_tokens(page_size):
+    lengths = [16, 700, 2049]
+    for q_len in (1, 16):
+        q, kc, vc, table, lens = paged_problem(3, lengths, 64, 8, 64, page_size, torch.bfloat16, q_len)
+        sink = torch.randn(64, device=DEV)
+        out = torch.ops.kiln.mha_decode_with_kvcache(q, kc, vc, table, lens, q_len=q_len, sinks=sink)
+        ref = decode_reference(q, kc, vc, table, lens, q_len, window=None, sinks=sink, softcap=None, scale=1 / 8)
+        assert relative_error(out, ref) < BOUND[torch.bfloat16], q_len
+
+
+# ---- extend and append -----------------------------------------------------------------------------
+def extend_problem(new, prefix, hq, hkv, d, page_size, dtype, seed=4):
+    """Sequences with `prefix[b]` cached keys and `new[b]` new tokens, K and V contiguous per
+    sequence, plus a shuffled paged cache that holds the prefixes only."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    total = [p + n for p, n in zip(prefix, new)]
+    max_pages = max(math.ceil(t / page_size) for t in total)
+    num_pages = len(new) * max_pages + 2
+    k = [torch.randn(t, hkv, d, device=DEV, generator=g).to(dtype) for t in total]
+    v = [torch.randn(t, hkv, d, device=DEV, generator=g).to(dtype) for t in total]
+    q = torch.randn(sum(new), hq, d, device=DEV, generator=g).to(dtype)
+    table = torch.randperm(num_pages, device=DEV, generator=g)[:len(new) * max_pages].view(len(new), max_pages).to(torch.int32)
+    k_cache = torch.full((num_pages, page_size, hkv, d), float("nan"), dtype=dtype, device=DEV)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slots = []
+    for b, t in enumerate(total):
+        rows = table[b].long()[:, None] * page_size + torch.arange(page_size, device=DEV)
+        slots.append(rows.flatten()[:t])
+    for b, p in enumerate(prefix):
+        k_cache.view(-1, hkv, d)[slots[b][:p]] = k[b][:p]
+        v_cache.view(-1, hkv, d)[slots[b][:p]] = v[b][:p]
+    new_slots = torch.cat([slots[b][p:] for b, p in enumerate(prefix)])
+    new_k = torch.cat([k[b][p:] for b, p in enumerate(prefix)])
+    new_v = torch.cat([v[b][p:] for b, p in enumerate(prefix)])
+    cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
+    lens = torch.tensor(total, dtype=torch.int32, device=DEV)
+    return q, k, v, k_cache, v_cache, table, lens, cu, new_k, new_v, new_slots
+
+
+@pytest.mark.parametrize("page_size, d, window, sinks", [(1, 64, None, True), (16, 128, None, False), (64, 64, 128, True),
+                                                         (256, 128, 50, False)])
+def test_append_then_extend_equals_attention_over_the_whole_sequence(page_size, d, window, sinks):
+    hq, hkv = (64, 8) if d == 64 else (32, 8)
+    new, prefix = [300, 1, 77], [0, 4100, 1000]
+    q, k, v, kc, vc, table, lens, cu, nk, nv, slots = extend_problem(new, prefix, hq, hkv, d, page_size, torch.bfloat16)
+    sink = torch.randn(hq, device=DEV) if sinks else None
+    torch.ops.kiln.kv_cache_append(nk, nv, slots, kc, vc)
+    out, lse = kt.mha_extend_with_kvcache(q, kc, vc, table, lens, cu, max(new), return_lse=True, window_left=window, sinks=sink)
+    torch.cuda.synchronize()
+    refs, lses = [], []
+    for b in range(len(new)):
+        r, l = attention_reference(q[int(cu[b]):int(cu[b + 1])], k[b], v[b], causal=True, window=window, sinks=sink, softcap=None,
+                                   scale=1 / math.sqrt(d))
+        refs.append(r)
+        lses.append(l)
+    assert relative_error(out, torch.cat(refs)) < BOUND[torch.bfloat16]
+    assert relative_error(lse, torch.cat(lses)) < 1e-4
+
+
+def test_append_to_an_e4m3_cache_quantizes_like_torch():
+    k = torch.randn(100, 8, 64, dtype=torch.bfloat16, device=DEV) * 50
+    v = torch.randn(100, 8, 64, dtype=torch.bfloat16, device=DEV)
+    kc = torch.zeros(64, 4, 8, 64, dtype=torch.float8_e4m3fn, device=DEV)
+    vc = torch.zeros_like(kc)
+    slots = torch.randperm(256, device=DEV)[:100]
+    skipped = int(slots[7])
+    slots[7] = -1  # token 7 is not written
+    kiln.kv_cache_append(k, v, slots, kc, vc, k_scale=0.5, v_scale=0.02)
+    torch.cuda.synchronize()
+    kept = slots >= 0
+    # torch rounds to nearest even and saturates at 448 only when asked: clamp first.
+    want_k = (k.float() / 0.5).clamp(-448, 448).to(torch.float8_e4m3fn)
+    want_v = (v.float() / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(kc.view(-1, 8, 64)[slots[kept]].view(torch.uint8), want_k[kept].view(torch.uint8))
+    assert torch.equal(vc.view(-1, 8, 64)[slots[kept]].view(torch.uint8), want_v[kept].view(torch.uint8))
+    assert kc.view(-1, 8, 64)[skipped].view(torch.uint8).eq(0).all()
+
+
 # ---- mixture of experts ------------------------------------------------------------------------------
 def moe_problem(tokens, hidden=512, inter=256, experts=8, seed=3):
     g = torch.Generator(device=DEV).manual_seed(seed)
@@ -266,6 +345,30 @@ def test_decode_and_moe_replay_bit_identical_to_eager():
         torch.cuda.synchronize()
         assert torch.equal(a, eager_a)
         assert torch.equal(m, eager_m)
+
+
+def test_append_extend_and_speculative_decode_replay_bit_identical_to_eager():
+    new, prefix = [64, 5], [1000, 300]
+    q, k, v, kc, vc, table, lens, cu, nk, nv, slots = extend_problem(new, prefix, 64, 8, 64, 16, torch.bfloat16)
+    qd, kd, vd, tabled, lensd = paged_problem(4, [500, 16, 3000, 77], 64, 8, 64, 1, torch.bfloat16, 16)
+    sink = torch.randn(64, device=DEV)
+
+    def step():
+        torch.ops.kiln.kv_cache_append(nk, nv, slots, kc, vc)
+        e = torch.ops.kiln.mha_extend_with_kvcache(q, kc, vc, table, lens, cu, max(new), sinks=sink, window_left=128)
+        d = torch.ops.kiln.mha_decode_with_kvcache(qd, kd, vd, tabled, lensd, q_len=16, sinks=sink)
+        return e, d
+
+    graph, (e, d) = capture(step)
+    for _ in range(3):
+        q.normal_()
+        nk.normal_()
+        qd.normal_()
+        graph.replay()
+        eager_e, eager_d = step()
+        torch.cuda.synchronize()
+        assert torch.equal(e, eager_e)
+        assert torch.equal(d, eager_d)
 
 
 def test_capture_that_needs_a_compile_fails_cleanly_and_leaves_everything_usable():

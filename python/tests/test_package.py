@@ -180,6 +180,10 @@ def test_fake_implementations_give_shapes_and_dtypes():
     lens = torch.empty(2, dtype=torch.int32, device="meta")
     out, lse = torch.ops.kiln.mha_decode_with_kvcache_lse(qd, cache, cache, table, lens, q_len=3)
     assert out.shape == (6, 8, 64) and out.dtype == torch.float16 and lse.shape == (6, 8)
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    out, lse = torch.ops.kiln.mha_extend_with_kvcache_lse(qd, cache, cache, table, lens, cu, 3)
+    assert out.shape == (6, 8, 64) and out.dtype == torch.float16 and lse.shape == (6, 8)
+    assert torch.ops.kiln.kv_cache_append(qd[:, :2], qd[:, 2:4], lens.long(), cache, cache) is None
     x = torch.empty(5, 128, dtype=torch.bfloat16, device="meta")
     w13 = torch.empty(4, 256, 64, dtype=torch.uint8, device="meta")
     w2 = torch.empty(4, 128, 64, dtype=torch.uint8, device="meta")
@@ -195,9 +199,11 @@ class AttentionMoe(torch.nn.Module):
         kt.mha_prefill(q, k, v, cu, cu, 16, 16, out=out)
         d = kt.mha_decode_with_kvcache(q[:2], cache, cache, table, lens)
         kt.mha_decode_with_kvcache(q[:2], cache, cache, table, lens, out=out[:2])
+        kt.kv_cache_append(k, v, lens.long(), cache, cache)
+        e, e_lse = kt.mha_extend_with_kvcache(q, cache, cache, table, lens, cu, 16, return_lse=True, window_left=4)
         y = kt.moe_apply(x, w13, w2, 2, router_logits=logits, activation="swiglu_clamped", gate_up_layout="interleaved")
         y2 = kt.moe_apply(x, w13, w2, 2, router_logits=logits, out=torch.empty_like(x))
-        return a + a2 + out + lse.sum(), d.sum() + y.sum() + y2.sum()
+        return a + a2 + out + lse.sum() + e + e_lse.sum(), d.sum() + y.sum() + y2.sum()
 
 
 def compile_inputs():
