@@ -320,6 +320,13 @@ def append_case(kiln, name, T, Hkv, D, page, l2, quick):
         kc.view(-1, Hkv, D).index_copy_(0, s_, k_)
         vc.view(-1, Hkv, D).index_copy_(0, s_, v_)
     row["torch_index_copy"] = timed(indexed, n)
+    # The device's copy rate at this size: the same bytes read and written by one copy.
+    src = [torch.cat([k_.flatten(), v_.flatten()]) for k_, v_, _ in sets]
+    dst = torch.empty_like(src[0])
+    row["device_copy_same_bytes"] = timed(lambda i: dst.copy_(src[i]), n)
+    if CUDA_GRAPHS:  # a captured copy_ is a memcpy node; an elementwise kernel is the same bytes through SMs
+        row["device_copy_same_bytes"]["note"] = "a memcpy node under --cuda-graphs"
+        row["elementwise_copy_same_bytes"] = timed(lambda i: torch.mul(src[i], 1, out=dst), n)
     return row
 
 

@@ -62,6 +62,30 @@ __device__ __forceinline__ long long key_row_offset(const KilnPrefillParams& p, 
   return page * page_stride + (key & (p.page_size - 1)) * row_stride;
 }
 
+// The pages of the kRows key rows a thread copies per block (first, first + step, ...), read ahead
+// of the copies; contiguous K and V (kPaged false) keep nothing and compute offsets directly.
+template <bool kPaged, int kRows>
+struct KeyPages {
+  int page[kPaged ? kRows : 1];
+  // Rows past the sequence keep page 0: their copies are zero fills that read nothing.
+  __device__ __forceinline__ void read(const KilnPrefillParams& p, const PrefillQueryBlock& blk, int first, int step) {
+    if (!kPaged) return;
+    const int* table = p.page_table + blk.batch * p.page_table_stride;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int key = first + j * step;
+      page[j] = key < blk.len_k ? table[key >> p.page_shift] : 0;
+    }
+  }
+  // The element offset of row j (key `key`) from the sequence's first key (contiguous) or from
+  // the cache's base (paged).
+  __device__ __forceinline__ long long offset(const KilnPrefillParams& p, int j, int key, long long row_stride,
+                                              long long page_stride) const {
+    if (!kPaged) return key * row_stride;
+    return static_cast<long long>(page[kPaged ? j : 0]) * page_stride + (key & (p.page_size - 1)) * row_stride;
+  }
+};
+
 // A decode call with several new tokens per sequence as a paged prefill: q_len rows per sequence,
 // causal (bottom-right aligned, as decode's tokens are). The TMA maps stay unset.
 __device__ __forceinline__ KilnPrefillParams prefill_params_of_decode(const KilnDecodeParams& d) {

@@ -82,6 +82,9 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + threadIdx.x % kChunks * 8;
   const int copy_row = threadIdx.x / kChunks, copy_chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = swizzled(copy_row, copy_chunk, kChunks);
+  // Paged: the pages of the rows this thread copies for the next block, read an iteration ahead.
+  KeyPages<kPaged, kBlockK / kCopyRows> pages;
+  auto read_pages = [&](int block) { pages.read(p, blk, blk.key_start + block * kBlockK + copy_row, kCopyRows); };
   auto issue = [&](int block) {
     if (block >= num_blocks) {
       commit_copies();
@@ -93,15 +96,19 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
     for (int j = 0; j < kBlockK / kCopyRows; ++j) {
       const int row_key = key + j * kCopyRows;
       const bool valid = row_key < blk.key_end;
-      const long long k_at = valid ? key_row_offset<kPaged>(p, blk.batch, row_key, p.k_row_stride, p.k_page_stride) : 0;
-      const long long v_at = valid ? key_row_offset<kPaged>(p, blk.batch, row_key, p.v_row_stride, p.v_page_stride) : 0;
+      const long long k_at = valid ? pages.offset(p, j, row_key, p.k_row_stride, p.k_page_stride) : 0;
+      const long long v_at = valid ? pages.offset(p, j, row_key, p.v_row_stride, p.v_page_stride) : 0;
       copy16_async_or_zero(k_tile + j * kCopyRows * kRowBytes, k_rows + k_at, valid);
       copy16_async_or_zero(k_tile + kTileBytes + j * kCopyRows * kRowBytes, v_rows + v_at, valid);
     }
     commit_copies();
   };
 #pragma unroll
-  for (int block = 0; block < kStages - 1; ++block) issue(block);
+  for (int block = 0; block < kStages - 1; ++block) {
+    read_pages(block);
+    issue(block);
+  }
+  read_pages(kStages - 1);
 
   wait_copies<kStages - 1>();  // the Q group; the K/V groups may still fly
   __syncthreads();
@@ -129,6 +136,7 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
     wait_copies<kStages - 2>();
     __syncthreads();             // this block landed for every thread; every warp is done with the previous one
     issue(block + kStages - 1);  // into the previous block's stage
+    read_pages(block + kStages);
     const int key0 = blk.key_start + block * kBlockK;
     if (key0 >= warp_key_end || key0 + kBlockK <= warp_key_start) continue;  // none of the warp's rows sees it
     const unsigned k_tile = kv_tiles + block % kStages * 2 * kTileBytes;
@@ -171,9 +179,13 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   store_prefill_rows<T>(p, o, m_row, l_row, head, blk.q_begin, blk.len_q, row_lo, c);
 }
 
-// Registers are budgeted for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with 48-key blocks,
-// whose S tile is smaller (128), and 2 at head_dim 128 (255).
-#define KILN_PREFILL_MMA_BOUNDS __launch_bounds__(kWarps * 32, kHeadDim == 64 ? (kBlockK <= 48 ? 4 : 3) : 2)
+// Registers are budgeted, at 4 warps, for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with
+// 48-key blocks, whose S tile is smaller (128), and 2 at head_dim 128 (255); 8-warp CTAs get half
+// as many.
+#define KILN_PREFILL_MMA_BOUNDS                                                                  \
+  __launch_bounds__(kWarps * 32, (kHeadDim == 64 ? (kBlockK <= 48 ? 16 : 12) : 8) / kWarps > 0   \
+                                     ? (kHeadDim == 64 ? (kBlockK <= 48 ? 16 : 12) : 8) / kWarps \
+                                     : 1)
 
 template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages, bool kPaged = false>
 __global__ void KILN_PREFILL_MMA_BOUNDS prefill_mma(const KilnPrefillParams p) {

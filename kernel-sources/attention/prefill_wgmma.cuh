@@ -70,6 +70,9 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
   const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
   const T* k_thread = k_rows + chunk * 8;
   const T* v_thread = v_rows + chunk * 8;
+  // Paged: the pages of the rows a thread copies for the next block, read a block ahead so the
+  // page-table latency does not stall the copying warps before their MMAs.
+  KeyPages<kPaged, kCopies> pages;
   auto issue = [&](int block, int stage) {
     if (threadIdx.x >= kCopyThreads) return;
     unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes + copy_offset;
@@ -79,14 +82,19 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
     for (int j = 0; j < kCopies; ++j) {
       const int key = first + j * kRowStep;
       const bool valid = key < blk.len_k;  // invalid: row 0 of the sequence, read as zero bytes
-      const long long k_at = valid ? key_row_offset<kPaged>(p, blk.batch, key, p.k_row_stride, p.k_page_stride) : 0;
-      const long long v_at = valid ? key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) : 0;
+      const long long k_at = valid ? pages.offset(p, j, key, p.k_row_stride, p.k_page_stride) : 0;
+      const long long v_at = valid ? pages.offset(p, j, key, p.v_row_stride, p.v_page_stride) : 0;
       copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + k_at, valid);
       copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + v_at, valid);
     }
     commit_copies();
   };
+  auto read_pages = [&](int block) {
+    if (threadIdx.x < kCopyThreads) pages.read(p, blk, block * kBlockK + row0, kRowStep);
+  };
+  read_pages(block_start);
   if (block_start < block_end) issue(block_start, 0);
+  read_pages(block_start + 1);
 
   float o[kDTiles][4];
 #pragma unroll
@@ -120,6 +128,7 @@ __global__ void __launch_bounds__(kHeadDim == 64 ? 384 : 256, 1) prefill_wgmma(c
     fence_async_shared();
     __syncthreads();  // this block (and Q) landed for every thread; no warpgroup still reads the stage refilled next
     if (block + 1 < block_end) issue(block + 1, (stage + 1) % kStages);
+    read_pages(block + 2);
     const unsigned k_address = shared_address(kv_tiles + stage * 2 * kTileBytes);
 
     wgmma_fence();
