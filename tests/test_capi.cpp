@@ -38,6 +38,19 @@ TEST(CApi, BadDtypeCodeIsAnArgumentError) {
   EXPECT_NE(std::string(kiln_last_error()).find("q: dtype code 42 is not a kiln_dtype"), std::string::npos);
 }
 
+TEST(CApi, WorkspaceQueryValidatesBeforeTouchingADevice) {
+  size_t bytes = 7;
+  kiln_mha_extend_args args{};
+  EXPECT_EQ(kiln_workspace_bytes("mha_extend_with_kvcache", &args, nullptr, &bytes), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("q: required tensor is missing"), std::string::npos) << kiln_last_error();
+  EXPECT_EQ(kiln_workspace_bytes("mha_extend", &args, nullptr, &bytes), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("mha_extend_with_kvcache"), std::string::npos) << kiln_last_error();
+  EXPECT_EQ(kiln_workspace_bytes("kv_cache_append", nullptr, nullptr, &bytes), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("args: must not be NULL"), std::string::npos);
+  EXPECT_EQ(kiln_workspace_bytes("moe_apply", &args, nullptr, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("bytes: must not be NULL"), std::string::npos);
+}
+
 TEST(CApi, ExplainAndListReturnJson) {
   char* json = nullptr;
   ASSERT_EQ(kiln_list_kernels_json(&json), KILN_OK) << kiln_last_error();

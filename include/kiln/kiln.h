@@ -115,6 +115,11 @@ KILN_API kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* ar
 KILN_API kiln_status kiln_mha_extend_with_kvcache(const kiln_mha_extend_args* args, void* stream);
 KILN_API kiln_status kiln_kv_cache_append(const kiln_kv_append_args* args, void* stream);
 KILN_API kiln_status kiln_moe_apply(const kiln_moe_args* args, void* stream);
+/* The device workspace, in bytes, that the call of operator `op` ("mha_prefill", ...) with
+ * `args` (that operator's argument struct) would take from the scratch allocator; 0 when none.
+ * Validates the call and selects, compiles and loads its kernel (kiln::workspace_bytes), launching
+ * nothing. */
+KILN_API kiln_status kiln_workspace_bytes(const char* op, const void* args, void* stream, size_t* bytes);
 /* Rewrites MXFP4 weights (KILN_F4_E2M1X2: w13 or w2) in place into kiln's prepared order and sets
  * weights->dtype to KILN_F4_E2M1X2_PREPARED; see moe_prepare_weights in ops.hpp. */
 KILN_API kiln_status kiln_moe_prepare_weights(kiln_tensor* weights, void* stream);

@@ -7,6 +7,7 @@
 // 32-bit signed indexing (numel < 2^31) per tensor.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kiln/tensor.hpp"
@@ -170,6 +171,17 @@ void mha_decode_with_kvcache(const MhaDecodeArgs& args, Stream stream);
 void mha_extend_with_kvcache(const MhaExtendArgs& args, Stream stream);
 void kv_cache_append(const KvAppendArgs& args, Stream stream);
 void moe_apply(const MoeArgs& args, Stream stream);
+
+// The device workspace, in bytes, that the call would take from the scratch allocator
+// (kiln/scratch.hpp) on `stream`: 0 when its kernel needs none. Validates the call, then selects,
+// compiles and loads its kernel as a PrepareOnly call would, and launches nothing. An engine that
+// sizes one arena for a CUDA graph asks for each captured call's workspace and serves it from its
+// allocator; kiln allocates nothing else while launching.
+size_t workspace_bytes(const MhaPrefillArgs& args, Stream stream);
+size_t workspace_bytes(const MhaDecodeArgs& args, Stream stream);
+size_t workspace_bytes(const MhaExtendArgs& args, Stream stream);
+size_t workspace_bytes(const KvAppendArgs& args, Stream stream);
+size_t workspace_bytes(const MoeArgs& args, Stream stream);
 
 // Rewrites MXFP4 weights (kF4E2M1x2, moe_apply's w13 or w2: a contiguous tensor, 4-byte aligned,
 // whose last dimension is a multiple of 16 bytes) in place into kiln's prepared order

@@ -102,6 +102,103 @@ kiln::Platform platform_named_or_current(const char* target) {
   return report.devices.front();
 }
 
+kiln::MhaPrefillArgs to_cpp(const kiln_mha_prefill_args* a) {
+  require(a, "args");
+  kiln::MhaPrefillArgs args;
+  args.q = view(a->q, "q");
+  args.k = view(a->k, "k");
+  args.v = view(a->v, "v");
+  args.out = view(a->out, "out");
+  args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
+  args.cu_seqlens_k = view(a->cu_seqlens_k, "cu_seqlens_k");
+  args.max_seqlen_q = a->max_seqlen_q;
+  args.max_seqlen_k = a->max_seqlen_k;
+  args.lse = view(a->lse, "lse");
+  args.sinks = view(a->sinks, "sinks");
+  args.softmax_scale = a->softmax_scale;
+  args.softcap = a->softcap;
+  args.causal = a->causal != 0;
+  args.window_left = a->window_left;
+  return args;
+}
+
+kiln::MhaDecodeArgs to_cpp(const kiln_mha_decode_args* a) {
+  require(a, "args");
+  kiln::MhaDecodeArgs args;
+  args.q = view(a->q, "q");
+  args.k_cache = view(a->k_cache, "k_cache");
+  args.v_cache = view(a->v_cache, "v_cache");
+  args.page_table = view(a->page_table, "page_table");
+  args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
+  args.out = view(a->out, "out");
+  args.q_len = a->q_len;
+  args.lse = view(a->lse, "lse");
+  args.sinks = view(a->sinks, "sinks");
+  args.softmax_scale = a->softmax_scale;
+  args.softcap = a->softcap;
+  args.window_left = a->window_left;
+  args.k_scale = a->k_scale;
+  args.v_scale = a->v_scale;
+  return args;
+}
+
+kiln::MhaExtendArgs to_cpp(const kiln_mha_extend_args* a) {
+  require(a, "args");
+  kiln::MhaExtendArgs args;
+  args.q = view(a->q, "q");
+  args.k_cache = view(a->k_cache, "k_cache");
+  args.v_cache = view(a->v_cache, "v_cache");
+  args.page_table = view(a->page_table, "page_table");
+  args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
+  args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
+  args.out = view(a->out, "out");
+  args.max_seqlen_q = a->max_seqlen_q;
+  args.lse = view(a->lse, "lse");
+  args.sinks = view(a->sinks, "sinks");
+  args.softmax_scale = a->softmax_scale;
+  args.softcap = a->softcap;
+  args.causal = a->causal != 0;
+  args.window_left = a->window_left;
+  args.k_scale = a->k_scale;
+  args.v_scale = a->v_scale;
+  return args;
+}
+
+kiln::KvAppendArgs to_cpp(const kiln_kv_append_args* a) {
+  require(a, "args");
+  kiln::KvAppendArgs args;
+  args.k = view(a->k, "k");
+  args.v = view(a->v, "v");
+  args.slot_mapping = view(a->slot_mapping, "slot_mapping");
+  args.k_cache = view(a->k_cache, "k_cache");
+  args.v_cache = view(a->v_cache, "v_cache");
+  args.k_scale = a->k_scale;
+  args.v_scale = a->v_scale;
+  return args;
+}
+
+kiln::MoeArgs to_cpp(const kiln_moe_args* a) {
+  require(a, "args");
+  kiln::MoeArgs args;
+  args.x = view(a->x, "x");
+  args.out = view(a->out, "out");
+  args.router_logits = view(a->router_logits, "router_logits");
+  args.topk_ids = view(a->topk_ids, "topk_ids");
+  args.topk_weights = view(a->topk_weights, "topk_weights");
+  args.top_k = a->top_k;
+  args.routing = static_cast<kiln::MoeRouting>(a->routing);
+  args.renormalize = a->renormalize != 0;
+  args.w13 = view(a->w13, "w13");
+  args.w13_scale = view(a->w13_scale, "w13_scale");
+  args.w13_bias = view(a->w13_bias, "w13_bias");
+  args.w2 = view(a->w2, "w2");
+  args.w2_scale = view(a->w2_scale, "w2_scale");
+  args.w2_bias = view(a->w2_bias, "w2_bias");
+  args.activation = static_cast<kiln::MoeActivation>(a->activation);
+  args.gate_up_layout = static_cast<kiln::GateUpLayout>(a->gate_up_layout);
+  return args;
+}
+
 }  // namespace
 
 extern "C" {
@@ -110,109 +207,42 @@ const char* kiln_last_error(void) { return last_error.c_str(); }
 const char* kiln_version(void) { return KILN_VERSION_STRING; }
 
 kiln_status kiln_mha_prefill(const kiln_mha_prefill_args* a, void* stream) {
-  return guarded([&] {
-    require(a, "args");
-    kiln::MhaPrefillArgs args;
-    args.q = view(a->q, "q");
-    args.k = view(a->k, "k");
-    args.v = view(a->v, "v");
-    args.out = view(a->out, "out");
-    args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
-    args.cu_seqlens_k = view(a->cu_seqlens_k, "cu_seqlens_k");
-    args.max_seqlen_q = a->max_seqlen_q;
-    args.max_seqlen_k = a->max_seqlen_k;
-    args.lse = view(a->lse, "lse");
-    args.sinks = view(a->sinks, "sinks");
-    args.softmax_scale = a->softmax_scale;
-    args.softcap = a->softcap;
-    args.causal = a->causal != 0;
-    args.window_left = a->window_left;
-    kiln::mha_prefill(args, stream);
-  });
+  return guarded([&] { kiln::mha_prefill(to_cpp(a), stream); });
 }
 
 kiln_status kiln_mha_decode_with_kvcache(const kiln_mha_decode_args* a, void* stream) {
-  return guarded([&] {
-    require(a, "args");
-    kiln::MhaDecodeArgs args;
-    args.q = view(a->q, "q");
-    args.k_cache = view(a->k_cache, "k_cache");
-    args.v_cache = view(a->v_cache, "v_cache");
-    args.page_table = view(a->page_table, "page_table");
-    args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
-    args.out = view(a->out, "out");
-    args.q_len = a->q_len;
-    args.lse = view(a->lse, "lse");
-    args.sinks = view(a->sinks, "sinks");
-    args.softmax_scale = a->softmax_scale;
-    args.softcap = a->softcap;
-    args.window_left = a->window_left;
-    args.k_scale = a->k_scale;
-    args.v_scale = a->v_scale;
-    kiln::mha_decode_with_kvcache(args, stream);
-  });
+  return guarded([&] { kiln::mha_decode_with_kvcache(to_cpp(a), stream); });
 }
 
 kiln_status kiln_mha_extend_with_kvcache(const kiln_mha_extend_args* a, void* stream) {
-  return guarded([&] {
-    require(a, "args");
-    kiln::MhaExtendArgs args;
-    args.q = view(a->q, "q");
-    args.k_cache = view(a->k_cache, "k_cache");
-    args.v_cache = view(a->v_cache, "v_cache");
-    args.page_table = view(a->page_table, "page_table");
-    args.cache_seqlens = view(a->cache_seqlens, "cache_seqlens");
-    args.cu_seqlens_q = view(a->cu_seqlens_q, "cu_seqlens_q");
-    args.out = view(a->out, "out");
-    args.max_seqlen_q = a->max_seqlen_q;
-    args.lse = view(a->lse, "lse");
-    args.sinks = view(a->sinks, "sinks");
-    args.softmax_scale = a->softmax_scale;
-    args.softcap = a->softcap;
-    args.causal = a->causal != 0;
-    args.window_left = a->window_left;
-    args.k_scale = a->k_scale;
-    args.v_scale = a->v_scale;
-    kiln::mha_extend_with_kvcache(args, stream);
-  });
+  return guarded([&] { kiln::mha_extend_with_kvcache(to_cpp(a), stream); });
 }
 
 kiln_status kiln_kv_cache_append(const kiln_kv_append_args* a, void* stream) {
-  return guarded([&] {
-    require(a, "args");
-    kiln::KvAppendArgs args;
-    args.k = view(a->k, "k");
-    args.v = view(a->v, "v");
-    args.slot_mapping = view(a->slot_mapping, "slot_mapping");
-    args.k_cache = view(a->k_cache, "k_cache");
-    args.v_cache = view(a->v_cache, "v_cache");
-    args.k_scale = a->k_scale;
-    args.v_scale = a->v_scale;
-    kiln::kv_cache_append(args, stream);
-  });
+  return guarded([&] { kiln::kv_cache_append(to_cpp(a), stream); });
 }
 
 kiln_status kiln_moe_apply(const kiln_moe_args* a, void* stream) {
+  return guarded([&] { kiln::moe_apply(to_cpp(a), stream); });
+}
+
+kiln_status kiln_workspace_bytes(const char* op, const void* args, void* stream, size_t* bytes) {
   return guarded([&] {
-    require(a, "args");
-    kiln::MoeArgs args;
-    args.x = view(a->x, "x");
-    args.out = view(a->out, "out");
-    args.router_logits = view(a->router_logits, "router_logits");
-    args.topk_ids = view(a->topk_ids, "topk_ids");
-    args.topk_weights = view(a->topk_weights, "topk_weights");
-    args.top_k = a->top_k;
-    args.routing = static_cast<kiln::MoeRouting>(a->routing);
-    args.renormalize = a->renormalize != 0;
-    args.w13 = view(a->w13, "w13");
-    args.w13_scale = view(a->w13_scale, "w13_scale");
-    args.w13_bias = view(a->w13_bias, "w13_bias");
-    args.w2 = view(a->w2, "w2");
-    args.w2_scale = view(a->w2_scale, "w2_scale");
-    args.w2_bias = view(a->w2_bias, "w2_bias");
-    args.activation = static_cast<kiln::MoeActivation>(a->activation);
-    args.gate_up_layout = static_cast<kiln::GateUpLayout>(a->gate_up_layout);
-    kiln::moe_apply(args, stream);
+    require(op, "op");
+    require(bytes, "bytes");
+    const kiln::OperatorId id = kiln::operator_from_name(op);
+    const std::string name = kiln::operator_name(id);
+    if (name == "mha_prefill") {
+      *bytes = kiln::workspace_bytes(to_cpp(static_cast<const kiln_mha_prefill_args*>(args)), stream);
+    } else if (name == "mha_decode_with_kvcache") {
+      *bytes = kiln::workspace_bytes(to_cpp(static_cast<const kiln_mha_decode_args*>(args)), stream);
+    } else if (name == "mha_extend_with_kvcache") {
+      *bytes = kiln::workspace_bytes(to_cpp(static_cast<const kiln_mha_extend_args*>(args)), stream);
+    } else if (name == "kv_cache_append") {
+      *bytes = kiln::workspace_bytes(to_cpp(static_cast<const kiln_kv_append_args*>(args)), stream);
+    } else {
+      *bytes = kiln::workspace_bytes(to_cpp(static_cast<const kiln_moe_args*>(args)), stream);
+    }
   });
 }
 

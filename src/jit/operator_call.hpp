@@ -36,6 +36,20 @@ struct OperatorCall {
 
 void run_operator(const OperatorCall& call);
 
+// While a WorkspaceQuery lives, operator calls on its thread select, compile and load their kernel
+// as under PrepareOnly, store the bytes of workspace that kernel would take for the call in
+// `*bytes` (0 when it takes none; untouched by a call that launches nothing), and launch nothing.
+class WorkspaceQuery {
+ public:
+  explicit WorkspaceQuery(size_t* bytes);
+  ~WorkspaceQuery();
+  WorkspaceQuery(const WorkspaceQuery&) = delete;
+  WorkspaceQuery& operator=(const WorkspaceQuery&) = delete;
+
+ private:
+  size_t* outer_;
+};
+
 // Called with the signature of every call that misses the loaded-kernel table (the warm-up
 // layer's shape capture installs one). Must not throw.
 using MissObserver = void (*)(const Signature& sig);

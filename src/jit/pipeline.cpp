@@ -117,6 +117,7 @@ std::shared_ptr<const LoadedKernel> find_loaded(const OperatorCall& call, Vendor
 }
 
 thread_local int prepare_only_depth = 0;
+thread_local size_t* workspace_query = nullptr;  // WorkspaceQuery
 
 }  // namespace
 
@@ -283,8 +284,12 @@ void run_operator(const OperatorCall& call) {
   const ScopedLaunch launch(backend, call.device);
   const LaunchScope& scope = launch.get();
   const auto kernel = find_loaded(call, backend, scope);
-  if (prepare_only_depth > 0) return;
   const Platform& platform = *scope.platform;
+  if (workspace_query != nullptr) {
+    *workspace_query = kernel->spec->workspace_bytes ? kernel->spec->workspace_bytes(call.params, platform) : 0;
+    return;
+  }
+  if (prepare_only_depth > 0) return;
   const LaunchShape shape = kernel->spec->launch_shape(call.params, platform);
   std::optional<ScopedScratch> scratch;  // freed on the stream after the launch
   attach_workspace(*kernel, call, scope, scratch);
@@ -299,6 +304,16 @@ void run_operator(const OperatorCall& call) {
 }  // namespace kiln::detail
 
 namespace kiln {
+
+namespace detail {
+
+WorkspaceQuery::WorkspaceQuery(size_t* bytes) : outer_(workspace_query) {
+  *bytes = 0;
+  workspace_query = bytes;
+}
+WorkspaceQuery::~WorkspaceQuery() { workspace_query = outer_; }
+
+}  // namespace detail
 
 PrepareOnly::PrepareOnly() { ++detail::prepare_only_depth; }
 PrepareOnly::~PrepareOnly() { --detail::prepare_only_depth; }

@@ -966,6 +966,38 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
   Registry::global().set_override(extend, "");
 }
 
+// The workspace query names what a call takes from the scratch allocator, and launches nothing:
+// a split decode (one long sequence) needs tickets and partial states, an unsplit one (a batch
+// that fills the GPU) and extend need none; the query leaves `out` untouched.
+TEST_F(Gpu, WorkspaceQueryMatchesWhatTheKernelTakes) {
+  const int hq = 32, hkv = 8, d = 128, page = 16;
+  for (int batch : {1, 64}) {
+    const int ctx = 8192, max_pages = ctx / page;
+    DeviceBuffer q(static_cast<size_t>(batch) * hq * d * 2), out(static_cast<size_t>(batch) * hq * d * 2);
+    DeviceBuffer kc(static_cast<size_t>(batch) * max_pages * page * hkv * d * 2), vc(kc.bytes());
+    std::vector<int> table(static_cast<size_t>(batch * max_pages)), lens(static_cast<size_t>(batch), ctx);
+    std::iota(table.begin(), table.end(), 0);
+    auto pt = DeviceBuffer::from(table), ln = DeviceBuffer::from(lens);
+    out.fill_bytes(0xAB);
+    MhaDecodeArgs a;
+    a.q = view(q, DType::kBF16, {batch, hq, d});
+    a.out = view(out, DType::kBF16, {batch, hq, d});
+    a.k_cache = view(kc, DType::kBF16, {batch * max_pages, page, hkv, d});
+    a.v_cache = view(vc, DType::kBF16, {batch * max_pages, page, hkv, d});
+    a.page_table = view(pt, DType::kI32, {batch, max_pages});
+    a.cache_seqlens = view(ln, DType::kI32, {batch});
+    const size_t bytes = workspace_bytes(a, nullptr);
+    synchronize();
+    if (batch == 1) {
+      EXPECT_GT(bytes, static_cast<size_t>(hkv) * 4) << "a split decode keeps partial states";
+    } else {
+      EXPECT_EQ(bytes, 0u) << "an unsplit decode needs no workspace";
+    }
+    const auto untouched = out.to_host<uint8_t>(out.bytes());
+    EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](uint8_t b) { return b == 0xAB; })) << "the query launched";
+  }
+}
+
 // kv_cache_append writes exactly the rows its slots name, skips negative slots, leaves every
 // other byte alone, and rounds to e4m3 as the host's independent encoder does (saturating, ties
 // to even), values out of range and NaN included.
