@@ -22,15 +22,25 @@ TEST(Plugin, LoadsAndWinsWhereItApplies) {
   EXPECT_EQ(spec->priority, Priority::kPlugin);
   EXPECT_EQ(spec->origin, KILN_TEST_PLUGIN_GOOD);
   const Platform h = platform_for_target("sm_90a");
+  // By default a built-in kernel that runs the call wins, whatever the plugin declares ...
+  Registry::global().set_plugins_outrank_builtins(false);
+  EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "attention.prefill.wgmma");
+  const std::string why = Registry::global().explain(prefill_sig(64, true), h).to_text();
+  EXPECT_NE(why.find("built-in kernels outrank plugins unless KILN_PLUGINS_OUTRANK=1"), std::string::npos) << why;
+  // ... and once the operator opts in, the plugin takes what it accepts.
+  Registry::global().set_plugins_outrank_builtins(true);
   EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "testplugin.attention.prefill.causal64");
   EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.wgmma");
   const Explanation ex = Registry::global().explain(prefill_sig(64, false), h);
   EXPECT_NE(ex.to_text().find("signature: testplugin handles causal attention only"), std::string::npos) << ex.to_text();
+  Registry::global().set_plugins_outrank_builtins(false);
 }
 
 TEST(Plugin, ItsSourceCompilesThroughTheJit) {
   load_plugin(KILN_TEST_PLUGIN_GOOD);
+  Registry::global().set_plugins_outrank_builtins(true);
   const CompiledKernel k = compile_for_target(prefill_sig(64, true), "sm_90a");
+  Registry::global().set_plugins_outrank_builtins(false);
   EXPECT_EQ(k.kernel, "testplugin.attention.prefill.causal64");
   EXPECT_EQ(k.lowered_name, "testplugin_prefill");
   EXPECT_GT(k.binary.size(), 0u);

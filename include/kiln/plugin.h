@@ -29,7 +29,9 @@ typedef struct kiln_plugin_kernel {
   int32_t min_arch;            /* inclusive, as Platform::arch_version (sm_90a -> 90); 0: any */
   int32_t max_arch;            /* inclusive; 0: any */
   const char* features;        /* comma-separated required features, e.g. "mma:wgmma,memory:tma" */
-  int32_t priority;            /* 0 reference .. 4 plugin; kiln clamps nothing, so choose honestly */
+  int32_t priority;            /* 0 reference .. 4 plugin; ranks among plugin kernels. A built-in kernel
+                                  that runs a call wins over every plugin kernel unless the operator
+                                  sets KILN_PLUGINS_OUTRANK=1 (kiln::Registry) */
   int32_t specificity;         /* signature properties this kernel constrains (tie-breaker) */
   const char* source;          /* full kernel source text */
   const char* name_expression; /* the __global__ function to instantiate, e.g. "acme_prefill" */

@@ -160,6 +160,12 @@ class Registry {
   // KILN_OVERRIDE_<FAMILY>_<MODE> (e.g. KILN_OVERRIDE_ATTENTION_PREFILL) does the same.
   void set_override(const OperatorId& op, const std::string& kernel_name);
 
+  // Plugin kernels outrank built-in ones only when this is on (KILN_PLUGINS_OUTRANK=1 sets it for
+  // the process; this call takes precedence): otherwise a built-in kernel that can run a call
+  // wins over any plugin kernel, whatever priority the plugin declares.
+  void set_plugins_outrank_builtins(bool outrank);
+  bool plugins_outrank_builtins() const;
+
   // Bumped by every add() and set_override(); holders of a decision compare it to know theirs is
   // still current.
   uint64_t generation() const;

@@ -41,7 +41,13 @@ std::optional<std::string> platform_refusal(const KernelSpec& spec, const Platfo
   return std::nullopt;
 }
 
-bool ranks_before(const KernelSpec& a, const KernelSpec& b) {
+bool is_builtin(const KernelSpec& k) { return k.origin == "builtin"; }
+
+// Built-in kernels outrank plugin kernels unless the operator opts in (plugins_outrank): a plugin
+// is code from outside the build, and one that claimed PLUGIN priority would otherwise take every
+// call it accepts. Then priority, specificity, name.
+bool ranks_before(const KernelSpec& a, const KernelSpec& b, bool plugins_outrank) {
+  if (!plugins_outrank && is_builtin(a) != is_builtin(b)) return is_builtin(a);
   if (a.priority != b.priority) return a.priority > b.priority;
   if (a.specificity != b.specificity) return a.specificity > b.specificity;
   return a.name < b.name;
@@ -63,7 +69,8 @@ const char* priority_name(Priority p) {
 const char* backend_name(Backend b) { return b == Backend::kCuda ? "cuda" : "hip"; }
 
 struct Registry::State {
-  mutable std::shared_mutex mutex;  // guards everything below
+  std::atomic<int> plugins_outrank{-1};  // -1: as KILN_PLUGINS_OUTRANK says
+  mutable std::shared_mutex mutex;       // guards everything below
   std::vector<std::shared_ptr<const KernelSpec>> kernels;
   std::unordered_map<std::string, std::string> overrides;  // "family.mode" -> kernel name
   std::unordered_map<std::string, std::shared_ptr<const KernelSpec>> decisions;
@@ -119,7 +126,7 @@ std::vector<std::shared_ptr<const KernelSpec>> Registry::kernels() const {
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
     if (a->family != b->family) return a->family < b->family;
     if (a->mode != b->mode) return a->mode < b->mode;
-    return ranks_before(*a, *b);
+    return ranks_before(*a, *b, true);
   });
   return out;
 }
@@ -160,6 +167,19 @@ void Registry::set_override(const OperatorId& op, const std::string& kernel_name
 
 uint64_t Registry::generation() const { return state_->generation.load(std::memory_order_acquire); }
 
+void Registry::set_plugins_outrank_builtins(bool outrank) {
+  std::unique_lock lock(state_->mutex);
+  state_->plugins_outrank.store(outrank ? 1 : 0);
+  state_->decisions.clear();
+  state_->generation.fetch_add(1);
+}
+
+bool Registry::plugins_outrank_builtins() const {
+  const int set = state_->plugins_outrank.load();
+  if (set >= 0) return set == 1;
+  return detail::env_int("KILN_PLUGINS_OUTRANK").value_or(0) != 0;
+}
+
 Explanation Registry::explain(const Signature& sig, const Platform& platform) const {
   Explanation ex;
   ex.signature = sig.canonical();
@@ -176,7 +196,8 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
   const std::string env_name = override_env_name(sig.op());
   if (auto env = detail::env_string(env_name.c_str())) override_name = *env;
 
-  std::sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) { return ranks_before(*a, *b); });
+  const bool plugins_outrank = plugins_outrank_builtins();
+  std::sort(kernels.begin(), kernels.end(), [&](const auto& a, const auto& b) { return ranks_before(*a, *b, plugins_outrank); });
   std::vector<size_t> eligible;
   for (const auto& k : kernels) {
     if (k->family != sig.op().family || k->mode != sig.op().mode) continue;
@@ -239,6 +260,8 @@ Explanation Registry::explain(const Signature& sig, const Platform& platform) co
           fmt::format("equal-priority conflict: {} and {} both run this signature at {} with specificity {}; "
                       "chose {} (override to pick the other)",
                       best.kernel, c.kernel, priority_name(spec->priority), spec->specificity, best.kernel));
+    } else if (!plugins_outrank && !is_builtin(*spec) && is_builtin(*best_spec) && spec->priority > best_spec->priority) {
+      c.reason = fmt::format("eligible; outranked by {}: built-in kernels outrank plugins unless KILN_PLUGINS_OUTRANK=1", best.kernel);
     } else {
       c.reason = fmt::format("eligible; outranked by {}", best.kernel);
     }
