@@ -22,6 +22,7 @@
 
 #include "cache/cache_directory.hpp"
 #include "cache/kernel_cache.hpp"
+#include "cache/key_lock.hpp"
 #include "cache/schema.hpp"
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
@@ -323,6 +324,43 @@ TEST_F(CacheTest, RefusesWhatOtherUsersCanWrite) {
   KernelCache linked(dir(), {}, 1 << 30, Mode::kServe);
   EXPECT_FALSE(linked.persistent());
   EXPECT_NE(linked.degraded_reason().find("symbolic link"), std::string::npos);
+}
+
+// Whoever can write the directory that holds the cache can swap the cache; the root directory is
+// no cache directory; a lock file replaced by a link turns locking off, and kiln says so.
+TEST_F(CacheTest, ChecksTheDirectoryThatHoldsItTheRootAndTheLockFile) {
+  fs::create_directories(dir());
+  fs::permissions(dir_, fs::perms::all);  // 0777 without the sticky bit
+  KernelCache swappable(dir(), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(swappable.persistent());
+  EXPECT_NE(swappable.degraded_reason().find(dir_.string() + " is writable by other users"), std::string::npos)
+      << swappable.degraded_reason();
+  fs::permissions(dir_, fs::perms::all | fs::perms::sticky_bit);  // as /tmp: others cannot replace what is not theirs
+  {
+    KernelCache sticky(dir(), {}, 1 << 30, Mode::kServe);
+    EXPECT_TRUE(sticky.persistent()) << sticky.degraded_reason();
+  }
+  fs::permissions(dir_, fs::perms::owner_all);
+
+  KernelCache root("/", {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(root.persistent());
+  EXPECT_NE(root.degraded_reason().find("/ is the root directory"), std::string::npos) << root.degraded_reason();
+  EXPECT_FALSE(fs::exists("/kiln.db"));
+
+  fs::create_symlink(dir("elsewhere-locks"), dir() + "/locks");
+  warnings_.clear();
+  for (int i = 0; i < 2; ++i) {
+    KeyLock lock(dir(), KernelKey{1, 2}, 1.0);
+    EXPECT_FALSE(lock.acquired());
+  }
+  size_t said = 0;
+  for (const auto& w : warnings_) said += w.find("locks is not a regular file (a symbolic link)") != std::string::npos;
+  EXPECT_EQ(said, 1u) << "warned once";
+  EXPECT_FALSE(fs::exists(dir("elsewhere-locks"))) << "the link was not followed";
+  fs::remove(dir() + "/locks");
+  fs::create_directory(dir() + "/locks");
+  KeyLock in_directory(dir(), KernelKey{1, 2}, 1.0);
+  EXPECT_FALSE(in_directory.acquired());
 }
 
 TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {

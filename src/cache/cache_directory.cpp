@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/env.hpp"
+#include "core/file_trust.hpp"
 
 namespace kiln::detail {
 
@@ -45,20 +46,9 @@ std::optional<std::string> unsafe_reason(const std::string& path, bool is_direct
   }
   if (is_directory && !S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", path);
   if (!is_directory && !S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file", path);
-  const uid_t me = ::geteuid();
-  if (st.st_uid != me && st.st_uid != 0) {
-    return fmt::format(
-        "{} belongs to user id {}, not to this user ({}); a cache holds code that runs on the GPU, "
-        "so kiln uses only its own",
-        path, st.st_uid, me);
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format(
-        "{} is writable by other users (mode {:o}); a cache holds code that runs on the GPU: "
-        "chmod go-w it or use another KILN_CACHE_DIR",
-        path, st.st_mode & 07777);
-  }
-  return std::nullopt;
+  return ownership_problem(path, st, false,
+                           "a cache holds code that runs on the GPU, so kiln uses only what this user or root owns and others "
+                           "cannot write: chmod go-w it or use another KILN_CACHE_DIR");
 }
 
 std::optional<std::string> prepare_cache_directory(const std::string& directory, bool create) {
@@ -77,7 +67,24 @@ std::optional<std::string> prepare_cache_directory(const std::string& directory,
       }
     }
   }
-  return unsafe_reason(directory, true);
+  if (auto why = unsafe_reason(directory, true)) return why;
+  // The directory that holds the cache: whoever can write it can swap the cache for another.
+  const fs::path absolute = fs::absolute(directory, ec);
+  if (ec) return fmt::format("{}: {}", directory, ec.message());
+  const fs::path canonical = fs::weakly_canonical(absolute, ec);
+  if (!ec && canonical == canonical.root_path()) {
+    return fmt::format("{} is the root directory; kiln keeps its cache (kiln.db, locks) in a directory of its own", directory);
+  }
+  const fs::path parent = (ec ? absolute : canonical).parent_path();
+  struct stat st {};
+  if (!parent.empty() && ::stat(parent.c_str(), &st) == 0) {
+    if (auto why = ownership_problem(parent.string(), st, true,
+                                     "whoever can write the directory that holds the cache can replace the cache: "
+                                     "chmod go-w it or use another KILN_CACHE_DIR")) {
+      return why;
+    }
+  }
+  return std::nullopt;
 }
 
 bool is_network_filesystem_magic(long magic) {

@@ -1,8 +1,10 @@
 #include "cache/key_lock.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,10 +33,31 @@ bool try_lock(int fd, long long offset, short type) {
 KeyLock::KeyLock(const std::string& directory, const KernelKey& key, double timeout_seconds) {
   if (directory.empty()) return;
   const std::string path = directory + "/locks";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+  struct stat st {};
+  if (fd_ >= 0 && (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))) {
+    ::close(fd_);
+    fd_ = -1;
+    errno = EINVAL;
+  }
   if (fd_ < 0) {
-    log(LogLevel::kDebug,
-        fmt::format("kiln cache: no lock file {} ({}); compiling without a cross-process lock", path, std::strerror(errno)));
+    // A link, a directory or a FIFO where the lock file belongs turns cross-process locking off:
+    // say so once, loudly, rather than compile every key in every process.
+    const int error = errno;
+    if (error == ELOOP || error == EISDIR || error == EINVAL) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        log(LogLevel::kWarn, fmt::format("kiln cache: {} is not a regular file ({}); processes sharing this cache will each compile "
+                                         "what they miss until it is removed",
+                                         path,
+                                         error == ELOOP    ? "a symbolic link"
+                                         : error == EISDIR ? "a directory"
+                                                           : "a special file"));
+      }
+    } else {
+      log(LogLevel::kDebug,
+          fmt::format("kiln cache: no lock file {} ({}); compiling without a cross-process lock", path, std::strerror(error)));
+    }
     return;
   }
   offset_ = static_cast<long long>(key.low % static_cast<uint64_t>(kSlots));
