@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "jit/compiler.hpp"
 #include "jit/key.hpp"
@@ -127,6 +128,25 @@ TEST(Compile, RowThatIsNoBinaryForItsTargetIsDroppedAndRebuilt) {
   EXPECT_EQ(std::string(binary->result.binary.begin(), binary->result.binary.begin() + 4),
             "\x7f"
             "ELF");
+
+  // A real CUBIN, but for another SM (sm_80's code stored under an sm_86 key): dropped, rebuilt.
+  sig.set("head_dim", int64_t{160}).set("group", int64_t{5});
+  const auto& reference = *Registry::global().find("attention.prefill.reference");
+  const auto for_sm80 = detail::get_or_compile(detail::build_request(reference, sig, platform_for_target("sm_80")));
+  const detail::VendorBackend& cuda = detail::backend_for(request.compiler);
+  EXPECT_EQ(cuda.binary_problem("sm_80", for_sm80->result.binary), std::nullopt);
+  const auto problem = cuda.binary_problem("sm_86", for_sm80->result.binary);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("a CUBIN for sm_80, not for sm_86"), std::string::npos) << *problem;
+  const auto sm86 = detail::build_request(reference, sig, platform_for_target("sm_86"));
+  row.key = detail::compute_key(sm86, detail::compiler_identity(sm86.compiler));
+  row.signature = sm86.signature;
+  row.entry = for_sm80->result.lowered_name;
+  row.binary = for_sm80->result.binary;
+  ASSERT_TRUE(detail::KernelCache::process().publish(row));
+  const auto rebuilt = detail::get_or_compile(sm86);
+  EXPECT_STREQ(rebuilt->origin, "compiled");
+  EXPECT_EQ(cuda.binary_problem("sm_86", rebuilt->result.binary), std::nullopt);
 }
 
 class KeyTest : public ::testing::Test {

@@ -8,6 +8,7 @@
 #include "backends/cuda/driver.hpp"
 #include "backends/cuda/nvrtc.hpp"
 #include "kiln/error.hpp"
+#include "kiln/platform.hpp"
 
 namespace kiln::detail::cuda {
 namespace {
@@ -73,9 +74,10 @@ class CudaBackend final : public VendorBackend {
 
   CompileResult compile(const CompileRequest& request, double) override { return nvrtc_compile(request); }
 
-  // A CUBIN is a 64-bit little-endian ELF of machine EM_CUDA (190). The SM in its flags is left to
-  // the driver, which refuses a binary of another arch at load.
-  std::optional<std::string> binary_problem(const std::string&, const std::vector<uint8_t>& binary) const override {
+  // A CUBIN is a 64-bit little-endian ELF of machine EM_CUDA (190) whose flags name its SM: bits
+  // 8-15 in the ELF ABI version 8 that NVRTC 12.8+ writes (sm_80 0x6005004, sm_120a 0x6007802),
+  // bits 0-7 before. The "a" of sm_90a is not in the flags, so sm_90 and sm_90a binaries pass alike.
+  std::optional<std::string> binary_problem(const std::string& target, const std::vector<uint8_t>& binary) const override {
     constexpr uint16_t kEmCuda = 190;
     if (binary.size() < 64 || std::memcmp(binary.data(),
                                           "\x7f"
@@ -86,6 +88,11 @@ class CudaBackend final : public VendorBackend {
     uint16_t machine = 0;
     std::memcpy(&machine, binary.data() + 18, 2);
     if (machine != kEmCuda) return fmt::format("ELF machine {} is not CUDA ({})", machine, kEmCuda);
+    uint32_t flags = 0;
+    std::memcpy(&flags, binary.data() + 48, 4);
+    const int sm = static_cast<int>(binary[8] >= 8 ? (flags >> 8) & 0xffu : flags & 0xffu);
+    const int wanted = platform_for_target(target).arch_version;
+    if (sm != wanted) return fmt::format("a CUBIN for sm_{}, not for {} (ELF flags {:#x})", sm, target, flags);
     return std::nullopt;
   }
 
