@@ -363,14 +363,28 @@ CompileResult compile_in_worker(const CompileRequest& request, const std::string
                                                 : "the compiler crashed on this kernel",
                                             err));
   }
+  return read_worker_reply(request, out, options, err);
+}
+
+CompileResult read_worker_reply(const CompileRequest& request, const std::vector<uint8_t>& out, const std::vector<std::string>& options,
+                                const std::string& err) {
+  if (out.empty()) throw Error::compile_failed(request.kernel_name, request.target, options, "the compile worker sent no reply\n" + err);
   const uint8_t tag = out.front();
   std::vector<uint8_t> body(out.begin() + 1, out.end());
-  if (tag == kWorkerOk) return decode_result(body);
+  // Both kinds of reply are validated field by field: a malformed one is reported, never thrown
+  // through (a CBOR parser's own exceptions, a bad_alloc from a claimed length included).
+  try {
+    if (tag == kWorkerOk) return decode_result(body);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& what) {
+    throw Error::compile_failed(request.kernel_name, request.target, options,
+                                fmt::format("the compile worker sent a malformed result ({})\n{}", what.what(), err));
+  }
   if (tag != kWorkerError) {
     throw Error::compile_failed(request.kernel_name, request.target, options,
                                 fmt::format("the compile worker sent a reply of unknown kind {}\n{}", tag, err));
   }
-  // The error map is validated field by field: a malformed one is reported, never thrown through.
   WorkerError e;
   try {
     e = parse_worker_error(body);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backends/backend.hpp"
 #include "backends/compile_request.hpp"
@@ -44,6 +45,11 @@ std::string default_worker_path();
 // status 1: {"protocol", "code", "message", "log", "options", "target"}.
 inline constexpr uint8_t kWorkerOk = 0;
 inline constexpr uint8_t kWorkerError = 1;
+// A worker's whole stdout for `request` as its result, or kiln::Error: kCompileFailed for a
+// compile error or any malformed reply (`options` and the worker's stderr `err` go into the
+// message), the worker's own code for other errors. Throws nothing else.
+CompileResult read_worker_reply(const CompileRequest& request, const std::vector<uint8_t>& out, const std::vector<std::string>& options,
+                                const std::string& err);
 // The worker's stderr kept for messages; the rest is read and dropped.
 inline constexpr size_t kMaxWorkerLogBytes = size_t{1} << 20;
 
