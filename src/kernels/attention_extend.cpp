@@ -27,10 +27,7 @@ KernelSpec extend_reference_spec() {
   spec.source = "attention/prefill_reference.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
-    const std::string& kv = sig.get("kv_dtype");
-    if (kv != sig.get("dtype") && kv != "e4m3") {
-      return fmt::format("kv_dtype {} unsupported with dtype {} (supported: the same, or e4m3)", kv, sig.get("dtype"));
-    }
+    if (auto why = detail::check_same_or_e4m3_cache(sig)) return why;
     return detail::check_reference_head_dim(sig);
   };
   spec.specialize = [](const Signature& sig, const Platform&) {

@@ -23,10 +23,7 @@ KernelSpec kv_append_spec() {
   spec.source = "attention/kv_append.cuh";
   spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
-    const std::string& kv = sig.get("kv_dtype");
-    if (kv != sig.get("dtype") && kv != "e4m3") {
-      return fmt::format("kv_dtype {} unsupported with dtype {} (supported: the same, or e4m3)", kv, sig.get("dtype"));
-    }
+    if (auto why = detail::check_same_or_e4m3_cache(sig)) return why;
     return std::nullopt;
   };
   spec.specialize = [](const Signature& sig, const Platform&) {

@@ -18,6 +18,15 @@ inline std::optional<std::string> check_16bit_dtype(const Signature& sig, const 
   return std::nullopt;
 }
 
+// kv_dtype: the dtype itself, or e4m3 (a cache read through per-tensor scales).
+inline std::optional<std::string> check_same_or_e4m3_cache(const Signature& sig) {
+  const std::string& kv = sig.get("kv_dtype");
+  if (kv != sig.get("dtype") && kv != "e4m3") {
+    return fmt::format("kv_dtype {} unsupported with dtype {} (supported: the same, or e4m3)", kv, sig.get("dtype"));
+  }
+  return std::nullopt;
+}
+
 // head_dim 64 or 128: the tensor-core kernels' tile shapes.
 inline std::optional<std::string> check_head_dim_64_or_128(const Signature& sig) {
   const int64_t d = sig.get_int("head_dim");

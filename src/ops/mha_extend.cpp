@@ -59,43 +59,16 @@ void validate(const MhaExtendArgs& a) {
 void mha_extend_with_kvcache(const MhaExtendArgs& a, Stream stream) {
   validate(a);
   KilnPrefillParams p{};
-  p.q = a.q.data;
+  detail::fill_paged_params(p, a);
   p.k = a.k_cache.data;
   p.v = a.v_cache.data;
-  p.out = a.out.data;
-  p.lse = static_cast<float*>(a.lse.data);
-  p.sinks = static_cast<const float*>(a.sinks.data);
   p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
-  p.q_row_stride = a.q.stride(0);
-  p.q_head_stride = a.q.stride(1);
-  p.k_row_stride = a.k_cache.stride(1);
-  p.k_head_stride = a.k_cache.stride(2);
-  p.v_row_stride = a.v_cache.stride(1);
-  p.v_head_stride = a.v_cache.stride(2);
-  p.out_row_stride = a.out.stride(0);
-  p.out_head_stride = a.out.stride(1);
-  p.lse_row_stride = a.lse.defined() ? a.lse.stride(0) : 0;
   p.batch = static_cast<int>(a.cu_seqlens_q.size(0) - 1);
-  p.num_heads_q = static_cast<int>(a.q.size(1));
-  p.num_heads_kv = static_cast<int>(a.k_cache.size(2));
-  p.head_dim = static_cast<int>(a.q.size(2));
   p.max_seqlen_q = a.max_seqlen_q;
   p.max_seqlen_k = static_cast<int>(a.page_table.size(1) * a.k_cache.size(1));
   p.causal = a.causal ? 1 : 0;
-  p.window_left = a.window_left;
-  p.softmax_scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  p.softcap = a.softcap;
   p.total_q = static_cast<int>(a.q.size(0));
-  p.page_table = static_cast<const int*>(a.page_table.data);
-  p.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
-  p.page_table_stride = a.page_table.stride(0);
-  p.k_page_stride = a.k_cache.stride(0);
-  p.v_page_stride = a.v_cache.stride(0);
-  p.page_size = static_cast<int>(a.k_cache.size(1));
   while ((1 << p.page_shift) < p.page_size) ++p.page_shift;
-  const bool fp8 = a.k_cache.dtype == DType::kF8E4M3;
-  p.k_scale = fp8 ? a.k_scale : 1.0f;
-  p.v_scale = fp8 ? a.v_scale : 1.0f;
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{detail::extend_signature_table().call_key(a),
                             [](const void* x) { return signature_of(*static_cast<const MhaExtendArgs*>(x)); },

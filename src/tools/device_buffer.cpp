@@ -57,6 +57,21 @@ std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, floa
   return bits;
 }
 
+std::vector<uint8_t> random_e4m3(std::mt19937& rng, size_t n, float scale, std::vector<double>& values) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> bits(n);
+  values.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t b;
+    do {
+      b = static_cast<uint8_t>(byte(rng));
+    } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // not NaN; exponent field at most 9
+    bits[i] = b;
+    values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
+  }
+  return bits;
+}
+
 std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype) {
   std::vector<double> values(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);

@@ -69,6 +69,9 @@ class Event {
 // bits decode to, so the reference computes on exactly what the kernel reads.
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale);
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale, std::vector<double>& values);
+// Random e4m3 codes for a KV cache, finite with |value| <= 7.5; `values` receives each code's
+// value times `scale` (the dequantized cache).
+std::vector<uint8_t> random_e4m3(std::mt19937& rng, size_t n, float scale, std::vector<double>& values);
 // Decoded values of bf16 or f16 bits.
 std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype);
 

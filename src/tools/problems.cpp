@@ -278,21 +278,8 @@ class DecodeProblem : public Problem {
     std::vector<uint8_t> k8, v8;
     const float scale = 0.5f;
     if (fp8_) {
-      auto fill = [&](std::vector<uint8_t>& bits, std::vector<double>& values) {
-        std::uniform_int_distribution<int> byte(0, 255);
-        bits.resize(cache_elems);
-        values.resize(cache_elems);
-        for (size_t i = 0; i < cache_elems; ++i) {
-          uint8_t b;
-          do {
-            b = static_cast<uint8_t>(byte(rng));
-          } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);
-          bits[i] = b;
-          values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
-        }
-      };
-      fill(k8, h.k_cache);
-      fill(v8, h.v_cache);
+      k8 = random_e4m3(rng, cache_elems, scale, h.k_cache);
+      v8 = random_e4m3(rng, cache_elems, scale, h.v_cache);
     } else {
       k16 = random_half(rng, cache_elems, dtype_, 1.0f, h.k_cache);
       v16 = random_half(rng, cache_elems, dtype_, 1.0f, h.v_cache);

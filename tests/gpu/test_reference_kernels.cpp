@@ -413,21 +413,8 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   std::vector<uint8_t> k8, v8;
   const float k_scale = 0.5f, v_scale = 0.25f;
   if (c.fp8) {
-    std::uniform_int_distribution<int> byte(0, 255);
-    auto fill = [&](std::vector<uint8_t>& bits, std::vector<double>& values, float scale) {
-      bits.resize(cache_elems);
-      values.resize(cache_elems);
-      for (size_t i = 0; i < cache_elems; ++i) {
-        uint8_t b;
-        do {
-          b = static_cast<uint8_t>(byte(rng));
-        } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // finite, |v| <= 7.5
-        bits[i] = b;
-        values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
-      }
-    };
-    fill(k8, p.k_cache, k_scale);
-    fill(v8, p.v_cache, v_scale);
+    k8 = random_e4m3(rng, cache_elems, k_scale, p.k_cache);
+    v8 = random_e4m3(rng, cache_elems, v_scale, p.v_cache);
   } else {
     k_bits = random_half(rng, cache_elems, c.dtype, 1.0f, p.k_cache);
     v_bits = random_half(rng, cache_elems, c.dtype, 1.0f, p.v_cache);
@@ -739,21 +726,6 @@ struct ExtendCase {
   bool append = false;  // the new tokens reach the cache through kv_cache_append, not the upload
 };
 
-// e4m3 codes for a cache, finite and |value| <= 7.5, and their values times `scale`.
-void random_e4m3(std::mt19937& rng, size_t n, float scale, std::vector<uint8_t>& bits, std::vector<double>& values) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  bits.resize(n);
-  values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t b;
-    do {
-      b = static_cast<uint8_t>(byte(rng));
-    } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);
-    bits[i] = b;
-    values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
-  }
-}
-
 // A shuffled pool of pages: sequence b's key j lands in row j % page_size of page
 // page_table[b][j / page_size]; three pages stay unused.
 struct PagedLayout {
@@ -800,8 +772,8 @@ void run_extend(std::mt19937& rng, const ExtendCase& c) {
   std::vector<uint16_t> k_bits, v_bits;
   std::vector<uint8_t> k8, v8;
   if (c.fp8) {
-    random_e4m3(rng, total_k * row, k_scale, k8, p.k);
-    random_e4m3(rng, total_k * row, v_scale, v8, p.v);
+    k8 = random_e4m3(rng, total_k * row, k_scale, p.k);
+    v8 = random_e4m3(rng, total_k * row, v_scale, p.v);
   } else {
     k_bits = random_half(rng, total_k * row, c.dtype, 1.0f, p.k);
     v_bits = random_half(rng, total_k * row, c.dtype, 1.0f, p.v);
