@@ -209,6 +209,62 @@ TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
   }
 }
 
+// A serving node without a compiler: NVRTC unloadable and KILN_JIT=off. What a warm-up stored is
+// served (by the compiler identity its rows record), `warmup --check` says so per signature and
+// tier, a miss names the command that would store it, and --strict fails on REFERENCE kernels.
+TEST_F(WarmupTest, WarmedCacheServesWithoutACompilerAndCheckSaysWhatWouldHit) {
+  const std::string manifest = (dir_ / "serve.json").string();
+  {
+    std::ofstream m(manifest);
+    m << R"({"kiln_manifest": 1, "model": "serve", "operators": [
+      {"op": "mha_decode_with_kvcache", "signature": {"dtype": "bf16", "kv_dtype": "bf16", "head_dim": 64, "group": 8,
+       "page_size": 16, "q_len": 1, "window": [0, 1], "sinks": 1, "softcap": 0, "lse": 0}},
+      {"op": "kv_cache_append", "signature": {"dtype": "bf16", "kv_dtype": "bf16"}}]})";
+  }
+  int rc = -1;
+  std::string out = run("warmup --manifest " + manifest + " --target sm_90a,sm_80", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string no_compiler = "KILN_LIBNVRTC=/nonexistent KILN_JIT=off";
+  out = run("warmup --check --manifest " + manifest + " --target sm_90a,sm_80", &rc, no_compiler);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("6 hit, 0 missed, 2 on REFERENCE kernels"), std::string::npos) << out;  // sm_80 decode: the reference
+  EXPECT_NE(out.find("hit  disk   sm_90a   attention.decode.mma_split"), std::string::npos) << out;
+  out = run("warmup --check --strict --manifest " + manifest + " --target sm_90a,sm_80", &rc, no_compiler);
+  EXPECT_EQ(rc, 1) << "--strict fails on REFERENCE kernels\n" << out;
+  // The stored binary itself comes back, bit for bit, with the compiler unloadable.
+  const std::string sig = "dtype=bf16,kv_dtype=bf16,head_dim=64,group=8,page_size=16,q_len=1,window=1,sinks=1,softcap=0,lse=0";
+  run(fmt::format("compile mha_decode_with_kvcache --target sm_90a --sig {} -o {}/warm.cubin", sig, dir_.string()), &rc);
+  ASSERT_EQ(rc, 0);
+  out =
+      run(fmt::format("compile mha_decode_with_kvcache --target sm_90a --sig {} -o {}/served.cubin", sig, dir_.string()), &rc, no_compiler);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(std::system(fmt::format("cmp -s {0}/warm.cubin {0}/served.cubin", dir_.string()).c_str()), 0);
+  // A miss is an error naming the signature, the target and the command that fixes it.
+  const std::string cold = "dtype=bf16,kv_dtype=bf16,head_dim=128,group=4,page_size=16,q_len=1,window=0,sinks=0,softcap=0,lse=0";
+  out = run(fmt::format("compile mha_decode_with_kvcache --target sm_90a --sig {} -o {}/x.cubin", cold, dir_.string()), &rc, no_compiler);
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_NE(out.find("compiling is off (KILN_JIT=off)"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("warmup --op mha_decode_with_kvcache --sig '{}' --target sm_90a",
+                                 "dtype=bf16,group=4,head_dim=128,"
+                                 "kv_dtype=bf16,lse=0,page_size=16,"
+                                 "q_len=1,sinks=0,softcap=0,window=0")),
+            std::string::npos)
+      << out;
+  out = run("warmup --check --op mha_decode_with_kvcache --sig " + cold + " --target sm_90a", &rc, no_compiler);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("MISS"), std::string::npos) << out;
+  // The command it names stores it; then the node serves it.
+  out = run("warmup --op mha_decode_with_kvcache --sig " + cold + " --target sm_90a", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  out = run("warmup --check --op mha_decode_with_kvcache --sig " + cold + " --target sm_90a", &rc, no_compiler);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(run("warmup --check --target sm_90a", &rc).find("give --manifest, or --op with --sig"), std::string::npos);
+  EXPECT_EQ(rc, 2);
+  out = run("warmup --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a", &rc, "KILN_JIT=maybe");
+  EXPECT_NE(out.find("KILN_JIT='maybe' must be 'on' or 'off'"), std::string::npos) << out;
+  EXPECT_NE(rc, 0);
+}
+
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {
   int rc = -1;
   // No usable AMD compiler: every gfx942 signature fails, every sm_90a one is built.

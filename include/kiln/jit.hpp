@@ -32,6 +32,12 @@ struct JitSettings {
   std::string worker_path;       // empty: next to libkiln (../libexec/kiln/kiln-compile-worker)
   double timeout_seconds = 300;  // worker, and the offline clang
   AmdCompiler amd_compiler = AmdCompiler::kAuto;
+  // false (KILN_JIT=off): compiler-free serving. kiln never compiles and never loads a compiler
+  // library; kernels come from the cache directory or its seeds only, found by the compiler
+  // identity recorded in their rows (whatever built them for this exact target), and a miss is
+  // kiln::Error(kNoKernel) naming the signature, the target and the `kiln warmup` command that
+  // would have stored it.
+  bool compile = true;
 };
 
 JitSettings jit_settings();

@@ -49,7 +49,9 @@ std::vector<std::string> builtin_manifests();  // model names
 struct WarmupItem {
   std::string signature;  // canonical
   std::string target;
-  std::string kernel;  // selected kernel, when selection succeeded
+  std::string kernel;      // selected kernel, when selection succeeded
+  bool reference = false;  // that kernel is a REFERENCE one: correct, slow, a fallback to notice
+  std::string origin;      // where the binary came from: "compiled", "disk", "seed" or "memory"
   // kShared: the same binary as another item of this run (the kernel does not specialize on the
   // properties in which the two signatures differ).
   enum class Status { kCompiled, kCached, kShared, kFailed, kCancelled } status = Status::kFailed;
@@ -78,6 +80,7 @@ struct WarmupReport {
   std::vector<WarmupItem> items;
   size_t compiled = 0, cached = 0, shared = 0, failed = 0, cancelled = 0;
   size_t not_stored = 0;  // compiled or shared items whose binary did not reach the on-disk cache
+  size_t reference = 0;   // items that selected a REFERENCE kernel
   uint64_t bytes = 0;     // of compiled and cached binaries
   double seconds = 0;
 };

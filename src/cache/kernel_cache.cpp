@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -462,6 +463,28 @@ std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, cons
     if (auto found = search(db, Tier::kSeed, path)) return found;
   }
   return std::nullopt;
+}
+
+std::vector<std::string> KernelCache::compiler_identities(const std::string& target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<int64_t, std::string>> found;  // (newest row, identity)
+  auto collect = [&](sqlite3* db, const std::string& name) {
+    try {
+      Statement s(db, "SELECT compiler, max(created) FROM kernels WHERE target = ? GROUP BY compiler");
+      s.bind(1, target);
+      while (s.step()) found.emplace_back(s.integer(1), s.text(0));
+    } catch (const Error& e) {
+      degrade("identities:" + name, fmt::format("cannot read compiler identities from {}: {}", name, e.message()));
+    }
+  };
+  if (db_) collect(db_, directory_ + "/kiln.db");
+  for (const auto& [path, db] : seeds_) collect(db, path);
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> identities;
+  for (auto& [created, identity] : found) {
+    if (std::find(identities.begin(), identities.end(), identity) == identities.end()) identities.push_back(std::move(identity));
+  }
+  return identities;
 }
 
 void KernelCache::drop(const KernelKey& key, const std::string& why) {

@@ -56,6 +56,10 @@ class KernelCache {
   std::optional<Found> lookup(const KernelKey& key, const std::string& target, const std::string& compiler);
   // Removes a row of the writable database (e.g. one that failed to load).
   void drop(const KernelKey& key, const std::string& why);
+  // The compiler identities of the rows for `target` in the directory's database and the seeds,
+  // the most recently built first: the identities a node without a compiler looks kernels up by.
+  std::vector<std::string> compiler_identities(const std::string& target);
+
   // Inserts or replaces one row in one transaction, then evicts down to the budget.
   // True when the row is in the database once it returns; false when the cache is memory only, the
   // write failed (the cache is then marked degraded) or the row's binary is empty.

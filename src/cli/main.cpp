@@ -245,11 +245,36 @@ void show_progress(const kiln::WarmupProgress& p, bool terminal) {
   std::fflush(stderr);
 }
 
-int cmd_warmup(const std::string& manifest_name, const std::string& targets_text, int jobs, bool as_json) {
+struct WarmupCommand {
+  std::string manifest, op, sig, targets = "sm_90a";
+  int jobs = 0;
+  bool check = false;   // look up only: never compile (KILN_JIT=off for this process)
+  bool strict = false;  // REFERENCE kernels fail the run
+};
+
+int cmd_warmup(const WarmupCommand& c, bool as_json) {
   kiln::WarmupOptions options;
   // Cheap checks first: a wrong target fails before a large manifest is read.
-  options.targets = kiln::detail::parse_target_list(targets_text, "--target");
-  const kiln::Manifest manifest = kiln::load_manifest(manifest_name);
+  options.targets = kiln::detail::parse_target_list(c.targets, "--target");
+  if (c.manifest.empty() == c.op.empty()) {
+    throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "warmup: give --manifest, or --op with --sig (one of the two)");
+  }
+  if (!c.op.empty() && c.sig.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--sig: needed with --op");
+  kiln::Manifest manifest;
+  if (c.op.empty()) {
+    manifest = kiln::load_manifest(c.manifest);
+  } else {
+    manifest.source = "--op/--sig";
+    manifest.model = c.op;
+    manifest.signatures.push_back(kiln::Signature::parse(kiln::operator_from_name(c.op), c.sig));
+  }
+  if (c.check) {
+    kiln::JitSettings settings = kiln::jit_settings();
+    settings.compile = false;
+    kiln::set_jit_settings(settings);
+  }
+  const int jobs = c.jobs;
+  const bool as_check = c.check;
   options.jobs = jobs;
   options.cancel = &interrupted;
   const bool terminal = ::isatty(2) != 0;
@@ -268,6 +293,20 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
     out["cache"] = cache.directory;
     out["persistent"] = cache.persistent;
     std::cout << out.dump(2) << "\n";
+  } else if (as_check) {
+    std::cout << fmt::format("check of {} for {} against {}{}: {} signatures x {} target(s)\n", manifest.model,
+                             fmt::join(options.targets, ","), cache.directory, cache.persistent ? "" : " (not persistent)",
+                             manifest.signatures.size(), options.targets.size());
+    for (const auto& i : r.items) {
+      const bool hit = i.produced();
+      std::cout << fmt::format("  {:<4} {:<6} {:<8} {:<36} {}{}\n", hit ? "hit" : "MISS", hit ? i.origin : "", i.target, i.kernel,
+                               i.signature, i.reference ? "  REFERENCE kernel" : "");
+    }
+    const size_t misses = r.failed + r.cancelled;
+    std::cout << fmt::format("  {} hit, {} missed, {} on REFERENCE kernels\n", r.items.size() - misses, misses, r.reference);
+    for (const auto& i : r.items) {
+      if (!i.produced()) std::cout << fmt::format("  missed: {}\n", i.reason);
+    }
   } else {
     std::cout << fmt::format("warm-up of {} for {}: {} signatures x {} target(s)\n", manifest.model, fmt::join(options.targets, ","),
                              manifest.signatures.size(), options.targets.size());
@@ -288,8 +327,14 @@ int cmd_warmup(const std::string& manifest_name, const std::string& targets_text
     for (const auto& i : r.items) {
       if (i.produced() && !i.stored) std::cout << fmt::format("  not stored: {} on {}\n", i.signature, i.target);
     }
+    if (r.reference) std::cout << fmt::format("  REFERENCE  {} (correct but slow kernels; --strict fails on them):\n", r.reference);
+    for (const auto& i : r.items) {
+      if (i.produced() && i.reference) std::cout << fmt::format("  reference: {} on {}: {}\n", i.signature, i.target, i.kernel);
+    }
   }
-  if (r.cancelled) return 130;
+  if (r.cancelled && !as_check) return 130;
+  if (c.strict && r.reference) return 1;
+  if (as_check) return r.failed || r.cancelled ? 1 : 0;
   // A cache that is not complete on disk must not be shipped as if it were.
   return r.failed || r.not_stored || !cache.persistent ? 1 : 0;
 }
@@ -377,13 +422,18 @@ int main(int argc, char** argv) {
   add_run_options(bench, "Time");
   bench->add_option("--time-ms", target_ms, "Measure for about this long (default 300)");
 
-  std::string manifest_name, targets_text = "sm_90a";
-  int jobs = 0;
+  WarmupCommand warm;
   auto* manifests = app.add_subcommand("manifests", "List the model manifests built into kiln");
   auto* warmup = app.add_subcommand("warmup", "Compile every kernel a model needs into the cache (no GPU needed)");
-  warmup->add_option("--manifest", manifest_name, "A manifest file, or a built-in model name (kiln manifests)")->required();
-  warmup->add_option("--target", targets_text, "Comma-separated targets (default sm_90a)");
-  warmup->add_option("-j,--jobs", jobs, "Parallel compiles (default: one per core)");
+  warmup->add_option("--manifest", warm.manifest, "A manifest file, or a built-in model name (kiln manifests)");
+  warmup->add_option("--op", warm.op, "One operator's signature instead of a manifest (with --sig)");
+  warmup->add_option("--sig", warm.sig, "That signature as key=value,...");
+  warmup->add_option("--target", warm.targets, "Comma-separated targets (default sm_90a)");
+  warmup->add_option("-j,--jobs", warm.jobs, "Parallel compiles (default: one per core)");
+  warmup->add_flag("--check", warm.check,
+                   "Compile nothing: say per signature whether the cache would serve it, from which tier and with which "
+                   "kernel; exit 1 on any miss");
+  warmup->add_flag("--strict", warm.strict, "Exit 1 when any signature selects a REFERENCE kernel");
   warmup->add_flag("--json", as_json, "Machine-readable summary");
 
   try {
@@ -421,7 +471,7 @@ int main(int argc, char** argv) {
     if (*check) return kiln::cli::run_check(op, shape_text, seed, kernel_name, as_json);
     if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
     if (*manifests) return cmd_manifests();
-    if (*warmup) return cmd_warmup(manifest_name, targets_text, jobs, as_json);
+    if (*warmup) return cmd_warmup(warm, as_json);
     if (*devices) return cmd_devices(as_json);
     if (*list) return cmd_list(family, as_json);
     if (*explain) return cmd_explain(op, sig, target, as_json);

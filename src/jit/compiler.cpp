@@ -63,6 +63,15 @@ JitSettings detail::jit_settings_from_environment() {
       throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_AMD_COMPILER='{}' must be 'auto', 'hiprtc' or 'clang'", *amd));
     }
   }
+  if (auto jit = detail::env_string("KILN_JIT")) {
+    if (*jit == "on" || *jit == "1") {
+      s.compile = true;
+    } else if (*jit == "off" || *jit == "0") {
+      s.compile = false;
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_JIT='{}' must be 'on' or 'off'", *jit));
+    }
+  }
   if (auto timeout = detail::env_int("KILN_COMPILE_TIMEOUT_S")) {
     if (*timeout <= 0 || *timeout > detail::kMaxCompileTimeoutSeconds) {
       throw Error(ErrorCode::kInvalidArgument,

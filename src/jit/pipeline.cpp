@@ -163,6 +163,7 @@ std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const Compi
   }
   auto binary = std::make_shared<CompiledBinary>();
   binary->key = key;
+  binary->compiler = identity;
   binary->result.binary = std::move(found->row.binary);
   binary->result.lowered_name = std::move(found->row.entry);
   binary->result.compile_ms = found->row.compile_ms;
@@ -197,6 +198,7 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   cache.counters().misses++;
   auto binary = std::make_shared<CompiledBinary>();
   binary->key = key;
+  binary->compiler = identity;
   binary->result = compile(request, settings);
   cache.counters().compiles++;
   cache.counters().compile_us += static_cast<uint64_t>(binary->result.compile_ms * 1000);
@@ -225,7 +227,50 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
 
 }  // namespace
 
+namespace {
+
+// Compiler-free serving (JitSettings::compile false): the binary built for this request by any
+// compiler whose rows for this target the cache holds, newest first; never a compile, never a
+// compiler library. A miss names the command that would have stored it.
+std::shared_ptr<const CompiledBinary> from_cache_without_compiler(const CompileRequest& request, const BinaryCheck& check) {
+  KernelCache& cache = KernelCache::process();
+  for (const std::string& identity : cache.compiler_identities(request.target)) {
+    const KernelKey key = compute_key(request, identity);
+    {
+      CompileTable& table = compile_table();
+      std::lock_guard<std::mutex> lock(table.mutex);
+      auto it = table.entries.find(key.hex());
+      if (it != table.entries.end()) {
+        cache.counters().memory_hits++;
+        return it->second.get();
+      }
+    }
+    if (auto hit = from_cache(cache, request, key, identity, check)) {
+      std::promise<std::shared_ptr<const CompiledBinary>> promise;
+      promise.set_value(hit);
+      CompileTable& table = compile_table();
+      std::lock_guard<std::mutex> lock(table.mutex);
+      table.entries.emplace(key.hex(), promise.get_future().share());
+      return hit;
+    }
+  }
+  cache.counters().misses++;
+  const std::string sig = request.signature.substr(request.signature.find(':') + 1);
+  throw Error(ErrorCode::kNoKernel,
+              fmt::format("{}: no cached kernel for signature '{}' on {} ({}), and compiling is off (KILN_JIT=off). On a machine "
+                          "with the compiler, store it with: kiln{} warmup --op {} --sig '{}' --target {}{}",
+                          request.op, request.signature, request.target, request.kernel_name,
+                          cache.persistent() ? " --cache '" + cache.directory() + "'" : "", request.op, sig, request.target,
+                          cache.persistent() ? "" : " (this process has no persistent cache: " + cache.degraded_reason() + ")"));
+}
+
+}  // namespace
+
 std::shared_ptr<const CompiledBinary> get_or_compile(const CompileRequest& request, const BinaryCheck& check, bool* shared) {
+  if (!jit_settings().compile) {
+    if (shared != nullptr) *shared = false;
+    return from_cache_without_compiler(request, check);
+  }
   const std::string identity = compiler_identity(request.compiler);
   const KernelKey key = compute_key(request, identity);
   CompileTable& table = compile_table();
@@ -331,7 +376,7 @@ CompiledKernel compile_for_target(const Signature& sig, const std::string& targe
   out.key = binary->key.hex();
   out.name_expression = request.name_expression;
   out.lowered_name = binary->result.lowered_name;
-  out.compiler = detail::compiler_identity(request.compiler);
+  out.compiler = binary->compiler;
   out.binary = binary->result.binary;
   out.compile_ms = binary->result.compile_ms;
   out.origin = shared ? "memory" : binary->origin;

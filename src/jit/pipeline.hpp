@@ -18,6 +18,7 @@ CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const
 struct CompiledBinary {
   KernelKey key;
   CompileResult result;
+  std::string compiler;             // the identity of the compiler that built it
   const char* origin = "compiled";  // "compiled", "disk" (writable cache) or "seed"
   bool stored = false;              // in the on-disk cache (or a seed) for the next process
 };

@@ -25,14 +25,17 @@ nlohmann::json warmup_report_json(const WarmupReport& r) {
     items.push_back({{"signature", i.signature},
                      {"target", i.target},
                      {"kernel", i.kernel},
+                     {"reference", i.reference},
+                     {"origin", i.origin},
                      {"status", names[static_cast<int>(i.status)]},
                      {"reason", i.reason},
                      {"stored", i.stored},
                      {"bytes", i.bytes},
                      {"ms", i.milliseconds}});
   }
-  return {{"compiled", r.compiled},     {"cached", r.cached}, {"shared", r.shared},   {"failed", r.failed}, {"cancelled", r.cancelled},
-          {"not_stored", r.not_stored}, {"bytes", r.bytes},   {"seconds", r.seconds}, {"items", items}};
+  return {
+      {"compiled", r.compiled},     {"cached", r.cached},       {"shared", r.shared}, {"failed", r.failed},   {"cancelled", r.cancelled},
+      {"not_stored", r.not_stored}, {"reference", r.reference}, {"bytes", r.bytes},   {"seconds", r.seconds}, {"items", items}};
 }
 
 nlohmann::json cache_stats_json(const CacheStats& s) {

@@ -12,6 +12,7 @@
 #include "kiln/jit.hpp"
 #include "kiln/log.hpp"
 #include "kiln/platform.hpp"
+#include "kiln/registry.hpp"
 #include "kiln/warmup.hpp"
 
 namespace kiln {
@@ -51,6 +52,9 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
         try {
           const CompiledKernel k = compile_for_target(manifest.signatures[i % per_target], item.target);
           item.kernel = k.kernel;
+          item.origin = k.origin;
+          const auto spec = Registry::global().find(k.kernel);
+          item.reference = spec != nullptr && spec->priority == Priority::kReference;
           item.bytes = k.binary.size();
           item.stored = k.stored;
           item.status = k.origin == "compiled" ? WarmupItem::Status::kCompiled
@@ -102,6 +106,7 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
 
   for (const auto& item : report.items) {
     if (item.produced() && !item.stored) ++report.not_stored;
+    if (item.produced() && item.reference) ++report.reference;
     switch (item.status) {
       case WarmupItem::Status::kCompiled:
         ++report.compiled;
