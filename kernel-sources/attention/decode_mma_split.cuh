@@ -83,7 +83,9 @@ struct DecodeTileLayout {
 };
 
 // At most 168 registers: three 128-thread CTAs fit an SM (the batch-filled launches use them).
-template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup>
+// kSmallPages: pages of 1 to 8 tokens (a template flag, so the common path keeps its registers:
+// at head_dim 64 with an e4m3 cache two CTAs an SM stay resident only under 128).
+template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup, bool kSmallPages = false>
 __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
@@ -158,7 +160,7 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   // Copies the K and V tiles of tokens [tile, tile + 16), which lie in page `page`, into `stage`
   // (zeros past the end: P is 0 there, and 0 * garbage could be NaN), as one commit group; an
   // empty group past the end.
-  const bool small_pages = p.page_size < kTile;  // uniform
+  constexpr bool small_pages = kSmallPages;
   auto issue = [&](int tile, int stage, long long page) {
     if (tile < t1) {
       const int slot = small_pages ? 0 : tile & (p.page_size - 1);

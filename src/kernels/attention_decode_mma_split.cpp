@@ -112,8 +112,8 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   spec.source = "attention/decode_mma_split.cuh";
   spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
   spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::decode_mma_split<kiln::{}, kiln::{}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
-                                      sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group")),
+    return Specialization{fmt::format("kiln::decode_mma_split<kiln::{}, kiln::{}, {}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
+                                      sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group"), sig.get_int("page_size") < 16),
                           {}};
   };
   spec.launch_shape = [fp8_cache](const void* params, const Platform& platform) {
