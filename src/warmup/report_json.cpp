@@ -1,6 +1,11 @@
 #include "warmup/report_json.hpp"
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include "kiln/error.hpp"
+#include "kiln/log.hpp"
 #include "kiln/platform.hpp"
 
 namespace kiln::detail {
@@ -14,7 +19,17 @@ std::vector<std::string> parse_target_list(const std::string& text, const std::s
     at = end + 1;
   }
   if (targets.empty()) throw Error(ErrorCode::kInvalidArgument, argument + ": name at least one target (e.g. sm_90a)");
-  for (const auto& t : targets) platform_for_target(t);  // a wrong target fails before any manifest is read
+  const auto known = known_targets();
+  for (const auto& t : targets) {
+    platform_for_target(t);  // a wrong target fails before any manifest is read
+    // A GPU with arch-specific features reports the "a" target (an H100 is sm_90a) and looks its
+    // kernels up under it: warming the plain name fills keys that GPU never reads.
+    if (std::find(known.begin(), known.end(), t + "a") != known.end()) {
+      log(LogLevel::kWarn, fmt::format("{}: no GPU looks kernels up as {}: the GPUs of that family report {}a (an H100 is "
+                                       "sm_90a); warm {}a for them",
+                                       argument, t, t, t));
+    }
+  }
   return targets;
 }
 
