@@ -363,6 +363,27 @@ TEST_F(CacheTest, ChecksTheDirectoryThatHoldsItTheRootAndTheLockFile) {
   EXPECT_FALSE(in_directory.acquired());
 }
 
+// A link in the cache directory's path (~/.cache linked to scratch) is followed; a linked
+// database file is still refused.
+TEST_F(CacheTest, ALinkInTheDirectoryPathWorksALinkedDatabaseDoesNot) {
+  fs::create_directories(dir("real"));
+  fs::permissions(dir("real"), fs::perms::owner_all);
+  fs::create_directory_symlink(dir("real"), dir("linked"));
+  {
+    KernelCache through_link(dir("linked"), {}, 1 << 30, Mode::kServe);
+    EXPECT_TRUE(through_link.persistent()) << through_link.degraded_reason();
+    ASSERT_TRUE(through_link.publish(row(1)));
+  }
+  EXPECT_TRUE(fs::is_regular_file(dir("real") + "/kiln.db"));
+  KernelCache direct(dir("real"), {}, 1 << 30, Mode::kServe);
+  EXPECT_TRUE(direct.lookup(row(1).key, "sm_90a", kCompiler).has_value());
+  fs::rename(dir("real") + "/kiln.db", dir() + "-moved.db");
+  fs::create_symlink(dir() + "-moved.db", dir("real") + "/kiln.db");
+  KernelCache linked_db(dir("linked"), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(linked_db.persistent());
+  EXPECT_NE(linked_db.degraded_reason().find("symbolic link"), std::string::npos) << linked_db.degraded_reason();
+}
+
 TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {
   EXPECT_TRUE(is_network_filesystem_magic(0x6969));       // NFS
   EXPECT_TRUE(is_network_filesystem_magic(0x0bd00bd0));   // Lustre

@@ -283,9 +283,16 @@ sqlite3* open_cache_database(const std::string& path, bool writable, bool networ
   sqlite3* db = nullptr;
   int flags = SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX;
   flags |= writable ? (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) : SQLITE_OPEN_READONLY;
+  // SQLite's NOFOLLOW refuses a link anywhere in the name; kiln refuses only a linked database
+  // (or journal) file. A link in the directory's path (~/.cache linked to scratch) is resolved
+  // first, so the database and its journals open under the real directory.
+  std::error_code ec;
+  const std::filesystem::path given(path);
+  const std::filesystem::path real_directory = std::filesystem::canonical(given.parent_path().empty() ? "." : given.parent_path(), ec);
+  const std::string file = ec ? path : (real_directory / given.filename()).string();
   // Read-only databases (seeds, read-only directories) are opened immutable: no locks, no
   // journal files created beside them.
-  const std::string uri = writable ? path : "file:" + uri_path(path) + "?immutable=1";
+  const std::string uri = writable ? file : "file:" + uri_path(file) + "?immutable=1";
   int rc = sqlite3_open_v2(uri.c_str(), &db, flags, nullptr);
   auto fail = [&](const std::string& why) {
     sqlite3_close_v2(db);
