@@ -154,6 +154,11 @@ typedef void (*kiln_log_fn)(int32_t level, const char* message, void* user);
 KILN_API kiln_status kiln_set_log_callback(kiln_log_fn callback, void* user);
 KILN_API kiln_status kiln_set_log_level(int32_t level);
 
+/* compile 0: compiler-free serving, as KILN_JIT=off (kiln::JitSettings::compile): kernels come
+ * from the cache and its seeds only, no compiler library is loaded, and a miss is
+ * KILN_ERROR_NO_KERNEL naming the warm-up command that fixes it. 1: compile on a miss (default). */
+KILN_API kiln_status kiln_set_jit(int32_t compile);
+
 /* This process's cache: directory, state and counters (kiln::CacheStats) as JSON. */
 KILN_API kiln_status kiln_cache_stats_json(char** json_out);
 /* Warm-up (kiln::warmup): manifest is a built-in model name or a manifest file; targets are

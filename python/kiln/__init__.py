@@ -20,7 +20,7 @@ from ._tensors import typed
 __version__ = _capi.lib.kiln_version().decode()
 
 __all__ = ["__version__", "mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply", "moe_prepare_weights", "explain", "list_kernels",
-           "cache_stats", "warmup", "set_log_callback", "set_log_level", "log_to_python", "set_override", "load_plugin", "prepare_only", "typed", "KilnError",
+           "cache_stats", "warmup", "set_jit", "set_log_callback", "set_log_level", "log_to_python", "set_override", "load_plugin", "prepare_only", "typed", "KilnError",
            "InvalidArgumentError", "UnsupportedError", "NoKernelError", "CompileError", "DriverError", "CacheError", "PluginError",
            "InternalError", "GraphCaptureError"]
 
@@ -98,6 +98,13 @@ def set_log_callback(callback):
     c_callback = _capi.LOG_CALLBACK(forward)
     _capi.check(_capi.lib.kiln_set_log_callback(c_callback, None))
     _log_callback = c_callback
+
+
+def set_jit(enabled):
+    """enabled=False: compiler-free serving, as KILN_JIT=off. Kernels come from the cache and its
+    seeds only, no compiler library is loaded, and a miss raises NoKernelError naming the
+    `kiln warmup` command that stores the kernel. True (the default) compiles on a miss."""
+    _capi.check(_capi.lib.kiln_set_jit(1 if enabled else 0))
 
 
 def set_log_level(level):

@@ -57,6 +57,7 @@ def _load():
         "kiln_prepare_only": (c.c_int, [c.c_int32]),
         "kiln_set_log_callback": (c.c_int, [c.c_void_p, c.c_void_p]),
         "kiln_set_log_level": (c.c_int, [c.c_int32]),
+        "kiln_set_jit": (c.c_int, [c.c_int32]),
         "kiln_cache_stats_json": (c.c_int, [c.POINTER(c.c_void_p)]),
         "kiln_warmup_json": (c.c_int, [c.c_char_p, c.c_char_p, c.c_int32, c.POINTER(c.c_void_p)]),
     }

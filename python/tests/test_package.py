@@ -276,6 +276,17 @@ def test_warmup_compiles_through_nvrtc_logs_to_a_callback_and_the_second_run_hit
         kiln.warmup(decode_manifest(tmp_path, 64), "sm_13")
 
 
+def test_with_the_jit_off_a_miss_names_the_warmup_that_fixes_it(tmp_path):
+    kiln.set_jit(False)
+    try:
+        report = kiln.warmup(decode_manifest(tmp_path, 128), "sm_80")  # a signature no test here compiled
+    finally:
+        kiln.set_jit(True)
+    assert report["failed"] == 1, report
+    reason = report["items"][0]["reason"]
+    assert "compiling is off (KILN_JIT=off)" in reason and "warmup --op mha_decode_with_kvcache" in reason, reason
+
+
 def test_log_messages_reach_python_logging_by_default(tmp_path, caplog):
     kiln.set_log_level(logging.INFO)
     try:

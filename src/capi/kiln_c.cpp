@@ -1,5 +1,6 @@
 // The C ABI (kiln/kiln.h): converts arguments, calls the C++ API, and turns every exception into
 // a status code plus a thread-local message. No exception crosses this file's functions.
+#include "kiln/jit.hpp"
 #include "kiln/kiln.h"
 
 #include <cstring>
@@ -338,6 +339,17 @@ kiln_status kiln_set_log_level(int32_t level) {
       throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("level: {} is outside 0 (debug) .. 4 (off)", level));
     }
     kiln::set_log_level(static_cast<kiln::LogLevel>(level));
+  });
+}
+
+kiln_status kiln_set_jit(int32_t compile) {
+  return guarded([&] {
+    if (compile != 0 && compile != 1) {
+      throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("compile: must be 0 (off) or 1 (on), got {}", compile));
+    }
+    kiln::JitSettings settings = kiln::jit_settings();
+    settings.compile = compile == 1;
+    kiln::set_jit_settings(settings);
   });
 }
 
