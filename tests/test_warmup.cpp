@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "kiln/kiln.h"
 #include "kiln/warmup.hpp"
 #include "warmup/capture.hpp"
 
@@ -265,6 +266,23 @@ TEST_F(WarmupTest, WarmedCacheServesWithoutACompilerAndCheckSaysWhatWouldHit) {
   out = run("warmup --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a", &rc, "KILN_JIT=maybe");
   EXPECT_NE(out.find("KILN_JIT='maybe' must be 'on' or 'off'"), std::string::npos) << out;
   EXPECT_NE(rc, 0);
+}
+
+// What peers of the command line do: --version, an unknown command named as such, global options
+// after the subcommand.
+TEST_F(WarmupTest, CommandLineConventions) {
+  int rc = -1;
+  std::string out = run("--version", &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, std::string("kiln ") + kiln_version() + "\n");
+  out = run("frobnicate", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("unknown command 'frobnicate' (commands: devices, list"), std::string::npos) << out;
+  fs::create_directories(dir_ / "other");
+  fs::permissions(dir_ / "other", fs::perms::owner_all);
+  out = run(fmt::format("cache stats --cache {}/other", dir_.string()), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(fmt::format("directory  {}/other", dir_.string())), std::string::npos) << out;
 }
 
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {

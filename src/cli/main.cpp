@@ -22,6 +22,7 @@
 #include "cli/check_bench.hpp"
 #include "jit/compiler.hpp"
 #include "kiln/author.hpp"
+#include "kiln/kiln.h"
 #include "kiln/kiln.hpp"
 #include "warmup/report_json.hpp"
 
@@ -353,6 +354,9 @@ int cmd_manifests() {
 int main(int argc, char** argv) {
   CLI::App app{"kiln: JIT-compiled attention and MoE kernels for NVIDIA and AMD GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kiln ") + kiln_version());
+  // Global options (--cache) may also follow the subcommand, as in git, docker and pip.
+  app.fallthrough();
   bool as_json = false;
 
   auto* devices = app.add_subcommand("devices", "Show the GPUs kiln can use and the offline targets");
@@ -436,6 +440,14 @@ int main(int argc, char** argv) {
   warmup->add_flag("--strict", warm.strict, "Exit 1 when any signature selects a REFERENCE kernel");
   warmup->add_flag("--json", as_json, "Machine-readable summary");
 
+  // A first word that is no option and no command is an unknown command, named as such.
+  std::vector<std::string> names;
+  for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  if (argc > 1 && argv[1][0] != '-' && std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+    std::fprintf(stderr, "kiln: unknown command '%s' (commands: %s); kiln --help\n", argv[1],
+                 fmt::format("{}", fmt::join(names, ", ")).c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
