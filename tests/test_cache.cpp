@@ -363,6 +363,42 @@ TEST_F(CacheTest, ChecksTheDirectoryThatHoldsItTheRootAndTheLockFile) {
   EXPECT_FALSE(in_directory.acquired());
 }
 
+// A Kubernetes fsGroup volume: a setgid directory with group write, owned by another user of the
+// group. Refused by default, naming the policy that allows it; with KILN_CACHE_SHARED=group it is
+// a persistent cache whose files kiln creates group-readable and writable. Other users' write
+// permission is refused under either policy.
+TEST_F(CacheTest, AGroupMayShareTheCacheWhenTheOperatorSaysSo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to give the volume another owner";
+  fs::create_directories(dir());
+  // The volume: owned by `nobody`, group root (a group this process is in), mode 2775.
+  ASSERT_EQ(::chown(dir().c_str(), 65534, 0), 0);
+  ASSERT_EQ(::chmod(dir().c_str(), 02775), 0);
+  {
+    KernelCache by_default(dir(), {}, 1 << 30, Mode::kServe);
+    EXPECT_FALSE(by_default.persistent());
+    EXPECT_NE(by_default.degraded_reason().find("KILN_CACHE_SHARED=group"), std::string::npos) << by_default.degraded_reason();
+  }
+  ::setenv("KILN_CACHE_SHARED", "group", 1);
+  {
+    KernelCache shared(dir(), {}, 1 << 30, Mode::kServe);
+    EXPECT_TRUE(shared.persistent()) << shared.degraded_reason();
+    EXPECT_TRUE(shared.publish(row(1)));
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat((dir() + "/kiln.db").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  ASSERT_EQ(::chmod(dir().c_str(), 02777), 0);  // writable by anyone: refused even for a group
+  {
+    KernelCache open_to_all(dir(), {}, 1 << 30, Mode::kServe);
+    EXPECT_FALSE(open_to_all.persistent());
+    EXPECT_NE(open_to_all.degraded_reason().find("writable by users outside its group"), std::string::npos)
+        << open_to_all.degraded_reason();
+  }
+  ::setenv("KILN_CACHE_SHARED", "everyone", 1);
+  EXPECT_THROW(cache_sharing(), Error);
+  ::unsetenv("KILN_CACHE_SHARED");
+}
+
 // A link in the cache directory's path (~/.cache linked to scratch) is followed; a linked
 // database file is still refused.
 TEST_F(CacheTest, ALinkInTheDirectoryPathWorksALinkedDatabaseDoesNot) {

@@ -13,6 +13,7 @@
 
 #include "core/env.hpp"
 #include "core/file_trust.hpp"
+#include "kiln/error.hpp"
 
 namespace kiln::detail {
 
@@ -37,6 +38,34 @@ std::vector<std::string> default_seed_databases() {
   return seeds;
 }
 
+CacheSharing cache_sharing() {
+  const auto value = env_string("KILN_CACHE_SHARED");
+  if (!value || *value == "user") return CacheSharing::kUser;
+  if (*value == "group") return CacheSharing::kGroup;
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_CACHE_SHARED='{}' must be 'user' or 'group'", *value));
+}
+
+unsigned cache_directory_mode() { return cache_sharing() == CacheSharing::kGroup ? 02770 : 0700; }
+unsigned cache_file_mode() { return cache_sharing() == CacheSharing::kGroup ? 0660 : 0600; }
+
+namespace {
+
+// The rule for cache files and directories under the sharing policy, and what a refusal says.
+std::optional<std::string> cache_ownership_problem(const std::string& path, const struct stat& st, bool directory, const char* subject) {
+  if (cache_sharing() == CacheSharing::kGroup) {
+    return group_ownership_problem(path, st, directory,
+                                   fmt::format("{}; KILN_CACHE_SHARED=group trusts the members of a group this process is in, "
+                                               "never other users: chmod o-w it",
+                                               subject));
+  }
+  return ownership_problem(path, st, directory,
+                           fmt::format("{}: chmod go-w it, use another KILN_CACHE_DIR, or share it with a group through "
+                                       "KILN_CACHE_SHARED=group",
+                                       subject));
+}
+
+}  // namespace
+
 std::optional<std::string> unsafe_reason(const std::string& path, bool is_directory) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return std::nullopt;  // absent: nothing to trust yet
@@ -46,9 +75,7 @@ std::optional<std::string> unsafe_reason(const std::string& path, bool is_direct
   }
   if (is_directory && !S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", path);
   if (!is_directory && !S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file", path);
-  return ownership_problem(path, st, false,
-                           "a cache holds code that runs on the GPU, so kiln uses only what this user or root owns and others "
-                           "cannot write: chmod go-w it or use another KILN_CACHE_DIR");
+  return cache_ownership_problem(path, st, false, "a cache holds code that runs on the GPU, so kiln uses only what it can trust");
 }
 
 std::optional<std::string> prepare_cache_directory(const std::string& directory, bool create) {
@@ -62,9 +89,10 @@ std::optional<std::string> prepare_cache_directory(const std::string& directory,
     for (const auto& part : fs::path(directory)) {
       built /= part;
       if (fs::exists(built, ec)) continue;
-      if (::mkdir(built.c_str(), 0700) != 0 && errno != EEXIST) {
+      if (::mkdir(built.c_str(), cache_directory_mode()) != 0 && errno != EEXIST) {
         return fmt::format("cannot create {}: {}", built.string(), std::strerror(errno));
       }
+      ::chmod(built.c_str(), cache_directory_mode());  // whatever the umask took off
     }
   }
   if (auto why = unsafe_reason(directory, true)) return why;
@@ -78,9 +106,8 @@ std::optional<std::string> prepare_cache_directory(const std::string& directory,
   const fs::path parent = (ec ? absolute : canonical).parent_path();
   struct stat st {};
   if (!parent.empty() && ::stat(parent.c_str(), &st) == 0) {
-    if (auto why = ownership_problem(parent.string(), st, true,
-                                     "whoever can write the directory that holds the cache can replace the cache: "
-                                     "chmod go-w it or use another KILN_CACHE_DIR")) {
+    if (auto why = cache_ownership_problem(parent.string(), st, true,
+                                           "whoever can write the directory that holds the cache can replace the cache")) {
       return why;
     }
   }

@@ -13,7 +13,17 @@ std::string default_cache_directory();
 // KILN_CACHE_SEED entries (files, or directories holding kiln.db).
 std::vector<std::string> default_seed_databases();
 
-// Creates the directory (and missing parents) with mode 0700 if it does not exist.
+// Who may share the cache directory (KILN_CACHE_SHARED): the user alone (default), or a group the
+// process is in (`group`: setgid directories with group write, as Kubernetes fsGroup volumes
+// are; kiln then creates directories 2770 and files 0660). Throws kInvalidArgument for another
+// value.
+enum class CacheSharing { kUser, kGroup };
+CacheSharing cache_sharing();
+// The modes kiln creates cache directories and files with under the sharing policy.
+unsigned cache_directory_mode();
+unsigned cache_file_mode();
+
+// Creates the directory (and missing parents) with cache_directory_mode() if it does not exist.
 // Returns a reason when it cannot be used at all: not a directory, not creatable, or unsafe.
 std::optional<std::string> prepare_cache_directory(const std::string& directory, bool create);
 

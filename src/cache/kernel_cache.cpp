@@ -383,10 +383,13 @@ void KernelCache::open_writable() {
     return;
   }
   const bool network = is_network_filesystem(directory_);
-  // Created by kiln, private to its user whatever the umask (SQLite would use 0644 & ~umask, and
-  // a group-writable database would then be refused on the next open).
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd >= 0) ::close(fd);
+  // Created by kiln, private to its user (or its sharing group) whatever the umask (SQLite would
+  // use 0644 & ~umask, and a database with other modes would then be refused on the next open).
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, cache_file_mode());
+  if (fd >= 0) {
+    ::fchmod(fd, cache_file_mode());
+    ::close(fd);
+  }
   try {
     // Processes opening a new cache at once contend for the schema and journal-mode writes;
     // SQLite reports some of that contention at once rather than through the busy timeout.

@@ -1,4 +1,5 @@
 #include "cache/key_lock.hpp"
+#include "cache/cache_directory.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -33,7 +34,7 @@ bool try_lock(int fd, long long offset, short type) {
 KeyLock::KeyLock(const std::string& directory, const KernelKey& key, double timeout_seconds) {
   if (directory.empty()) return;
   const std::string path = directory + "/locks";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, cache_file_mode());
   struct stat st {};
   if (fd_ >= 0 && (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))) {
     ::close(fd_);

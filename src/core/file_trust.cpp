@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +19,25 @@ std::optional<std::string> ownership_problem(const std::string& path, const stru
   const bool sticky = directory && (st.st_mode & S_ISVTX) != 0;
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky) {
     return fmt::format("{} is writable by other users (mode {:o}); {}", path, st.st_mode & 07777, consequence);
+  }
+  return std::nullopt;
+}
+
+bool in_group(gid_t gid) {
+  if (gid == ::getegid()) return true;
+  const int n = ::getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  const int got = ::getgroups(n, groups.data());
+  return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
+}
+
+std::optional<std::string> group_ownership_problem(const std::string& path, const struct stat& st, bool directory,
+                                                   const std::string& consequence) {
+  if (!in_group(st.st_gid)) return ownership_problem(path, st, directory, consequence);
+  const bool sticky = directory && (st.st_mode & S_ISVTX) != 0;
+  if ((st.st_mode & S_IWOTH) != 0 && !sticky) {
+    return fmt::format("{} is writable by users outside its group (mode {:o}); {}", path, st.st_mode & 07777, consequence);
   }
   return std::nullopt;
 }

@@ -16,6 +16,15 @@ namespace kiln::detail {
 std::optional<std::string> ownership_problem(const std::string& path, const struct stat& st, bool directory,
                                              const std::string& consequence);
 
+// The same rule with a group trusted as well (a cache shared by a group, KILN_CACHE_SHARED=group):
+// what belongs to a group this process is in may belong to any member and be group-writable.
+// Other users still may not write it.
+std::optional<std::string> group_ownership_problem(const std::string& path, const struct stat& st, bool directory,
+                                                   const std::string& consequence);
+
+// Whether this process is in group `gid` (effective or supplementary).
+bool in_group(gid_t gid);
+
 // The rule above for `path` (followed through links) and the directory that holds it. `what`
 // names the setting in the message: "KILN_PLUGIN_PATH".
 std::optional<std::string> untrusted_code_path(const std::string& path, const std::string& what);
