@@ -399,6 +399,29 @@ TEST_F(CacheTest, AGroupMayShareTheCacheWhenTheOperatorSaysSo) {
   ::unsetenv("KILN_CACHE_SHARED");
 }
 
+// Commands that only read (cache stats, cache ls) create and write nothing: not the directory,
+// not the database, not a journal; and they read a cache they cannot write.
+TEST_F(CacheTest, ReadingCommandsCreateAndWriteNothing) {
+  const CacheStats absent = cache_stats_of(dir());
+  EXPECT_FALSE(absent.persistent);
+  EXPECT_TRUE(cache_list(dir()).empty());
+  EXPECT_FALSE(fs::exists(dir())) << "a read created the directory";
+  {
+    KernelCache filled(dir(), {}, 1 << 30, Mode::kServe);
+    ASSERT_TRUE(filled.publish(row(1)));
+  }
+  const std::string db = dir() + "/kiln.db";
+  const auto before = file_bytes(db);
+  fs::permissions(dir(), fs::perms::owner_read | fs::perms::owner_exec);
+  fs::permissions(db, fs::perms::owner_read);
+  EXPECT_EQ(cache_list(dir()).size(), 1u);
+  EXPECT_EQ(cache_stats_of(dir()).entries, 1u);
+  fs::permissions(dir(), fs::perms::owner_all);
+  EXPECT_TRUE(file_bytes(db) == before) << "a read wrote the database";
+  EXPECT_FALSE(fs::exists(db + "-wal"));
+  EXPECT_FALSE(fs::exists(db + "-journal"));
+}
+
 // A link in the cache directory's path (~/.cache linked to scratch) is followed; a linked
 // database file is still refused.
 TEST_F(CacheTest, ALinkInTheDirectoryPathWorksALinkedDatabaseDoesNot) {

@@ -65,6 +65,10 @@ struct CacheImportReport {
 
 // The cache this process uses for its kernels.
 CacheStats cache_stats();
+// A cache directory's state (empty: this process's directory) as a command that only reads sees
+// it: nothing is created or written, counters are zero, and `persistent` says whether a database
+// is there to read. Throws kiln::Error(kCacheError) for a directory that cannot be trusted.
+CacheStats cache_stats_of(const std::string& directory);
 
 // Maintenance of a cache directory (empty: this process's directory). Each throws
 // kiln::Error(kCacheError) naming the directory and the problem when it cannot be used.

@@ -4,6 +4,8 @@
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 
+#include <memory>
+
 namespace kiln {
 namespace {
 
@@ -13,11 +15,24 @@ detail::KernelCache strict_cache(const std::string& directory) {
                              detail::KernelCache::Mode::kStrict);
 }
 
+// Commands that only read create and write nothing: a directory without a database lists as
+// empty; one that cannot be trusted or opened is an error, as for maintenance.
+std::unique_ptr<detail::KernelCache> inspecting_cache(const std::string& directory) {
+  auto cache = std::make_unique<detail::KernelCache>(directory.empty() ? detail::default_cache_directory() : directory,
+                                                     detail::default_seed_databases(), detail::default_cache_max_bytes(),
+                                                     detail::KernelCache::Mode::kInspect);
+  const std::string why = cache->degraded_reason();
+  if (!why.empty() && why.find("does not exist") == std::string::npos) throw Error(ErrorCode::kCacheError, why);
+  return cache;
+}
+
 }  // namespace
 
 CacheStats cache_stats() { return detail::KernelCache::process().stats(); }
 
-std::vector<CacheEntry> cache_list(const std::string& directory) { return strict_cache(directory).list(); }
+CacheStats cache_stats_of(const std::string& directory) { return inspecting_cache(directory)->stats(); }
+
+std::vector<CacheEntry> cache_list(const std::string& directory) { return inspecting_cache(directory)->list(); }
 
 CacheVerifyReport cache_verify(bool repair, const std::string& directory) { return strict_cache(directory).verify(repair); }
 

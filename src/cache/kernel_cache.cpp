@@ -274,7 +274,7 @@ std::string uri_path(const std::string& path) {
 
 }  // namespace
 
-sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem) {
+sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem, bool immutable) {
   // A FIFO or device would block the open or feed garbage: only regular files are databases.
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -292,7 +292,7 @@ sqlite3* open_cache_database(const std::string& path, bool writable, bool networ
   const std::string file = ec ? path : (real_directory / given.filename()).string();
   // Read-only databases (seeds, read-only directories) are opened immutable: no locks, no
   // journal files created beside them.
-  const std::string uri = writable ? file : "file:" + uri_path(file) + "?immutable=1";
+  const std::string uri = writable ? file : "file:" + uri_path(file) + (immutable ? "?immutable=1" : "?mode=ro");
   int rc = sqlite3_open_v2(uri.c_str(), &db, flags, nullptr);
   auto fail = [&](const std::string& why) {
     sqlite3_close_v2(db);
@@ -373,6 +373,10 @@ void KernelCache::degrade(const std::string& category, const std::string& reason
 std::string KernelCache::degraded_reason() const { return degraded_reason_; }
 
 void KernelCache::open_writable() {
+  if (mode_ == Mode::kInspect) {
+    open_for_inspection();
+    return;
+  }
   if (auto why = prepare_cache_directory(directory_, mode_ == Mode::kServe)) {
     degrade("directory", *why + "; kernels are kept in memory only");
     return;
@@ -416,6 +420,31 @@ void KernelCache::open_writable() {
       }
     }
     degrade("open", writable_error.message() + "; kernels are kept in memory only");
+  }
+}
+
+void KernelCache::open_for_inspection() {
+  if (auto why = prepare_cache_directory(directory_, false)) {
+    degraded_reason_ = *why;
+    return;
+  }
+  const std::string path = directory_ + "/kiln.db";
+  if (auto why = unsafe_reason(path, false)) {
+    degraded_reason_ = *why;
+    return;
+  }
+  if (!std::filesystem::exists(path)) {
+    degraded_reason_ = path + " does not exist yet: no kernel has been stored here";
+    return;
+  }
+  // A closed cache is whole in kiln.db: read it immutable, creating no journal. A live one (a
+  // write-ahead log beside it, not yet folded in) reads right only through SQLite's locks, whose
+  // files its writer has already made.
+  const bool live = std::filesystem::exists(path + "-wal");
+  try {
+    db_ = open_cache_database(path, false, is_network_filesystem(directory_), !live);
+  } catch (const Error& e) {
+    degraded_reason_ = e.message();
   }
 }
 
@@ -582,7 +611,8 @@ CacheStats KernelCache::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   CacheStats s;
   s.directory = directory_;
-  s.persistent = db_ != nullptr && writable_;
+  // Inspecting, a database that is there to read counts: nothing is written in that mode anyway.
+  s.persistent = db_ != nullptr && (writable_ || mode_ == Mode::kInspect);
   s.degraded_reason = degraded_reason_;
   for (const auto& [path, db] : seeds_) s.seeds.push_back(path);
   s.max_bytes = max_bytes_;

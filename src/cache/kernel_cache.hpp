@@ -35,8 +35,10 @@ struct CacheCounters {
 class KernelCache {
  public:
   enum class Mode {
-    kServe,   // for kernels: any problem degrades to memory-only with one warning
-    kStrict,  // for maintenance commands: any problem throws kiln::Error(kCacheError)
+    kServe,    // for kernels: any problem degrades to memory-only with one warning
+    kStrict,   // for maintenance commands: any problem throws kiln::Error(kCacheError)
+    kInspect,  // for commands that only read: creates nothing, writes nothing; an absent or
+               // unusable directory or database is reported in degraded_reason()
   };
   KernelCache(std::string directory, std::vector<std::string> seeds, uint64_t max_bytes, Mode mode);
   ~KernelCache();
@@ -83,6 +85,7 @@ class KernelCache {
 
  private:
   void open_writable();
+  void open_for_inspection();  // Mode::kInspect
   void open_seeds();
   void degrade(const std::string& category, const std::string& reason);
   uint64_t evict_locked(uint64_t max_bytes, const KernelKey* keep);
@@ -102,7 +105,9 @@ class KernelCache {
 
 // Opens a database file as a kiln cache (schema created or migrated when writable). Throws
 // kiln::Error(kCacheError) with the reason: garbage, another application, a newer schema.
-sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem);
+// Read-only opens are immutable (no locks, no journal files), or with immutable false read
+// through SQLite's locks, for a database another process may be writing.
+sqlite3* open_cache_database(const std::string& path, bool writable, bool network_filesystem, bool immutable = true);
 
 uint64_t default_cache_max_bytes();
 

@@ -171,16 +171,16 @@ std::string human_bytes(uint64_t b) {
   return fmt::format("{} B", b);
 }
 
-int cmd_cache_stats(bool as_json) {
-  const kiln::CacheStats s = kiln::cache_stats();
+int cmd_cache_stats(const std::string& dir, bool as_json) {
+  const kiln::CacheStats s = kiln::cache_stats_of(dir);
   if (as_json) {
     std::cout << kiln::detail::cache_stats_json(s).dump(2) << "\n";
   } else {
     std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
-                             s.persistent ? "persistent" : "memory only: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
+                             s.persistent ? "a database" : "no database: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
                              human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
   }
-  return s.persistent ? 0 : 6;
+  return 0;  // a directory that cannot be trusted or read is an error (exit 6) before this
 }
 
 int cmd_cache_ls(const std::string& dir, bool as_json) {
@@ -456,7 +456,7 @@ int main(int argc, char** argv) {
   }
   if (!cache_dir.empty()) ::setenv("KILN_CACHE_DIR", cache_dir.c_str(), 1);
   try {
-    if (*cache_stats) return cmd_cache_stats(as_json);
+    if (*cache_stats) return cmd_cache_stats(cache_dir, as_json);
     if (*cache_ls) return cmd_cache_ls(cache_dir, as_json);
     if (*cache_verify) return cmd_cache_verify(cache_dir, repair, as_json);
     if (*cache_prune) {
