@@ -24,6 +24,7 @@
 #include "cache/kernel_cache.hpp"
 #include "cache/key_lock.hpp"
 #include "cache/schema.hpp"
+#include "core/env.hpp"
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
@@ -441,6 +442,16 @@ TEST_F(CacheTest, ALinkInTheDirectoryPathWorksALinkedDatabaseDoesNot) {
   KernelCache linked_db(dir("linked"), {}, 1 << 30, Mode::kServe);
   EXPECT_FALSE(linked_db.persistent());
   EXPECT_NE(linked_db.degraded_reason().find("symbolic link"), std::string::npos) << linked_db.degraded_reason();
+}
+
+TEST(CacheDirectory, SizesTakeBinaryUnits) {
+  EXPECT_EQ(parse_size("1048576", "X"), 1048576);
+  EXPECT_EQ(parse_size("4G", "X"), int64_t{4} << 30);
+  EXPECT_EQ(parse_size("512MiB", "X"), int64_t{512} << 20);
+  EXPECT_EQ(parse_size("3kb", "X"), 3072);
+  for (const char* bad : {"", "G", "-1", "1.5G", "4X", "4GB2", "99999999999T", "1234567890123456789"}) {
+    EXPECT_THROW(parse_size(bad, "KILN_CACHE_MAX_BYTES"), Error) << bad;
+  }
 }
 
 TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {

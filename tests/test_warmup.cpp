@@ -283,6 +283,20 @@ TEST_F(WarmupTest, CommandLineConventions) {
   out = run(fmt::format("cache stats --cache {}/other", dir_.string()), &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(fmt::format("directory  {}/other", dir_.string())), std::string::npos) << out;
+  // Sizes take units; `cache clear` empties the database.
+  run("warmup --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a,sm_80", &rc);
+  ASSERT_EQ(rc, 0);
+  out = run("cache prune --max-size 4X", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--max-size='4X' is not a size"), std::string::npos) << out;
+  out = run("cache prune --max-size 1G", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("evicted 0 entries"), std::string::npos) << out;
+  out = run("cache clear", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("removed 2 entries"), std::string::npos) << out;
+  out = run("cache stats", &rc, "KILN_CACHE_MAX_BYTES=512M");
+  EXPECT_NE(out.find("entries    0\nsize       0 B of 512.0 MiB"), std::string::npos) << out;
 }
 
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {

@@ -36,9 +36,10 @@ std::string cache_schema_sql() {
 }
 
 uint64_t default_cache_max_bytes() {
-  if (auto v = env_int("KILN_CACHE_MAX_BYTES")) {
-    if (*v <= 0) throw Error(ErrorCode::kInvalidArgument, "KILN_CACHE_MAX_BYTES must be > 0");
-    return static_cast<uint64_t>(*v);
+  if (auto text = env_string("KILN_CACHE_MAX_BYTES")) {
+    const int64_t v = parse_size(*text, "KILN_CACHE_MAX_BYTES");
+    if (v <= 0) throw Error(ErrorCode::kInvalidArgument, "KILN_CACHE_MAX_BYTES must be > 0");
+    return static_cast<uint64_t>(v);
   }
   return 4ULL << 30;
 }

@@ -19,7 +19,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cache/kernel_cache.hpp"
 #include "cli/check_bench.hpp"
+#include "core/env.hpp"
 #include "jit/compiler.hpp"
 #include "kiln/author.hpp"
 #include "kiln/kiln.h"
@@ -384,7 +386,7 @@ int main(int argc, char** argv) {
 
   std::string cache_dir, file, kernel_filter;
   bool repair = false;
-  int64_t max_size = 0;
+  std::string max_size_text;
   app.add_option("--cache", cache_dir, "Cache directory (default: KILN_CACHE_DIR, XDG_CACHE_HOME/kiln, ~/.cache/kiln)");
   auto* cache = app.add_subcommand("cache", "Inspect and maintain the on-disk kernel cache");
   cache->require_subcommand(1);
@@ -396,7 +398,8 @@ int main(int argc, char** argv) {
   cache_verify->add_flag("--repair", repair, "Remove the entries that fail");
   cache_verify->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_prune = cache->add_subcommand("prune", "Evict least-recently-used entries down to a size");
-  cache_prune->add_option("--max-size", max_size, "Bytes to keep at most (default: KILN_CACHE_MAX_BYTES or 4 GiB)");
+  cache_prune->add_option("--max-size", max_size_text, "Size to keep at most: bytes, or 4G, 512M (default: KILN_CACHE_MAX_BYTES or 4G)");
+  auto* cache_clear = cache->add_subcommand("clear", "Remove every entry of the cache directory's database");
   auto* cache_export = cache->add_subcommand("export", "Write entries to a single bundle file");
   cache_export->add_option("file", file, "Bundle to create (must not exist)")->required();
   cache_export->add_option("--target", target, "Only entries for this target");
@@ -459,10 +462,14 @@ int main(int argc, char** argv) {
     if (*cache_stats) return cmd_cache_stats(cache_dir, as_json);
     if (*cache_ls) return cmd_cache_ls(cache_dir, as_json);
     if (*cache_verify) return cmd_cache_verify(cache_dir, repair, as_json);
+    if (*cache_clear) {
+      std::cout << fmt::format("removed {} entries\n", kiln::cache_prune(0, cache_dir));
+      return 0;
+    }
     if (*cache_prune) {
-      if (max_size < 0)
-        throw kiln::Error(kiln::ErrorCode::kInvalidArgument, fmt::format("--max-size: must be >= 0 bytes, got {}", max_size));
-      const uint64_t removed = kiln::cache_prune(max_size ? static_cast<uint64_t>(max_size) : kiln::cache_stats().max_bytes, cache_dir);
+      const int64_t max_size = max_size_text.empty() ? 0 : kiln::detail::parse_size(max_size_text, "--max-size");
+      const uint64_t removed =
+          kiln::cache_prune(max_size_text.empty() ? kiln::detail::default_cache_max_bytes() : static_cast<uint64_t>(max_size), cache_dir);
       std::cout << fmt::format("evicted {} entries\n", removed);
       return 0;
     }
