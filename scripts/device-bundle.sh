@@ -17,4 +17,6 @@ done
 # The Python wheel, installed on the device beside its own torch (scripts/device-python.sh).
 python3 -m pip wheel -q --no-deps -w "$root/.carry/wheel" "$root"
 python3 -m pip download -q pytest -d "$root/.carry/pydeps"  # pure-Python wheels, for a device without pytest
+# The newest Transformers, to run the Transformers plug-in's tests with it beside the device's own.
+python3 -m pip download -q --no-deps transformers -d "$root/.carry/pydeps"
 du -sh "$root/.carry"

@@ -14,4 +14,12 @@ rm -rf "$site"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 (cd /tmp && "$py" -c "import kiln, torch; print(kiln.__version__, torch.__version__, torch.ops.kiln.mha_prefill)")
 (cd "$root/python/tests" && timeout 500 "$py" -W ignore::UserWarning -m pytest -q -ra -p no:cacheprovider . 2>&1 | tee "$out/python-tests.log")
+(cd "$root/examples/gpt_oss/tests" && timeout 400 "$py" -W ignore::UserWarning -m pytest -q -ra -s -p no:cacheprovider . 2>&1 | tee "$out/example-tests.log")
+# The Transformers plug-in again with the newest Transformers from PyPI, where one was carried.
+if ls "$root"/.carry/pydeps/transformers-*.whl >/dev/null 2>&1; then
+  newest=/tmp/kiln-transformers-newest
+  rm -rf "$newest" && "$py" -m pip install -q --no-deps --no-index --target "$newest" "$root"/.carry/pydeps/transformers-*.whl
+  (cd "$root/python/tests" && PYTHONPATH="$newest:$PYTHONPATH" timeout 300 "$py" -W ignore::UserWarning -m pytest -q -ra -s \
+    -p no:cacheprovider test_transformers.py 2>&1 | tee "$out/transformers-newest.log")
+fi
 timeout 120 "$py" "$root/bench/python_overhead.py" --json "$out/python_overhead.json" 2>&1 | tee "$out/python_overhead.txt"

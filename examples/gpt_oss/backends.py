@@ -1,0 +1,172 @@
+"""The two back ends the example compares, over the same weights.
+
+kiln:    a paged KV cache (pages of `page_size` tokens, scattered through one pool), written by
+         kiln's kv_cache_append; prefill chunks through mha_extend_with_kvcache, decode through
+         mha_decode_with_kvcache; the experts through moe_apply on the MXFP4 weights (prepared once).
+PyTorch: what a user writes without kiln. A static cache per request slot ([slots, Hkv, L, D], as
+         Transformers' StaticCache); prefill through FlexAttention (compiled) with the sinks applied
+         exactly through its log-sum-exp; decode as batched matmuls with the sinks in the softmax
+         denominator (one token per request: memory-bound, and capturable in a CUDA graph); the
+         experts through torch._grouped_mm on weights dequantized to bf16 once.
+"""
+import random
+
+import torch
+
+import mxfp4
+
+BACKENDS = ("kiln", "torch")
+
+
+class KilnBackend:
+    name = "kiln"
+
+    def __init__(self, config, weights, slots, max_len, page_size, seed=0):
+        import kiln  # noqa: F401  (registers torch.ops.kiln)
+        import kiln.torch as kt
+        self.kt, self.config = kt, config
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ValueError(f"page_size: expected a power of two, got {page_size}")
+        self.page_size = page_size
+        pages_per_slot = -(-max_len // page_size)
+        pool = list(range(slots * pages_per_slot))
+        random.Random(seed).shuffle(pool)  # pages land anywhere in the pool, as a serving engine's do
+        device = weights.embed.device
+        self.page_table = torch.tensor(pool, dtype=torch.int32, device=device).view(slots, pages_per_slot)
+        shape = (slots * pages_per_slot, page_size, config.kv_heads, config.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
+        for w in weights.layers:  # kiln's prepared MXFP4 order: the same values, cheaper to decode
+            kt.moe_prepare_weights(w.w13)
+            kt.moe_prepare_weights(w.w2)
+        self.weights = weights
+
+    def begin(self, step):
+        ps = self.page_size
+        rows = self.page_table[step.token_slots, step.positions // ps].long()
+        self.slot_mapping = rows * ps + step.positions % ps
+        self.step_pages = self.page_table[:step.seq_lens.shape[0]] if step.decode else self.page_table[step.slots]
+
+    def attention(self, layer, q, k, v, step):
+        c, w, kt = self.config, self.weights.layers[layer], self.kt
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        kt.kv_cache_append(k, v, self.slot_mapping, kc, vc)
+        window = c.sliding_window - 1 if c.sliding(layer) else None
+        if step.decode:
+            return kt.mha_decode_with_kvcache(q, kc, vc, self.step_pages, step.seq_lens, sinks=w.sinks, window_left=window)
+        return kt.mha_extend_with_kvcache(q, kc, vc, self.step_pages, step.seq_lens, step.cu_seqlens_q, step.max_q,
+                                          sinks=w.sinks, window_left=window, causal=True)
+
+    def experts(self, layer, x, router_logits):
+        w = self.weights.layers[layer]
+        return self.kt.moe_apply(x, w.w13, w.w2, self.config.top_k, router_logits=router_logits, routing="topk_softmax",
+                                 w13_scale=w.w13_scale, w13_bias=w.w13_bias, w2_scale=w.w2_scale, w2_bias=w.w2_bias,
+                                 activation="swiglu_clamped", gate_up_layout="interleaved", weight_format="mxfp4_prepared")
+
+
+_flex = None
+
+
+def _compiled_flex():
+    global _flex
+    if _flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _flex = torch.compile(flex_attention)
+    return _flex
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0):
+        self.config, device = config, weights.embed.device
+        shape = (slots, config.kv_heads, max_len, config.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
+        self.max_len = max_len
+        self.w13, self.w2 = [], []
+        for w in weights.layers:  # dequantized once; the MXFP4 bytes are dropped
+            self.w13.append(mxfp4.dequantize(w.w13, w.w13_scale))
+            self.w2.append(mxfp4.dequantize(w.w2, w.w2_scale))
+            w.w13 = w.w13_scale = w.w2 = w.w2_scale = None
+        self.weights = weights
+        self.decode_len = max_len
+
+    # ---- attention --------------------------------------------------------------------------------
+    def begin(self, step):
+        if step.decode:
+            idx = torch.arange(self.decode_len, device=step.seq_lens.device)
+            lens = step.seq_lens.long()[:, None]
+            self.visible = {False: idx < lens, True: (idx < lens) & (idx >= lens - self.config.sliding_window)}
+        else:
+            self.masks = {}
+
+    def _block_mask(self, sliding, q_len, kv_len, start):
+        key = (sliding, q_len, kv_len, start)
+        if key not in self.masks:
+            from torch.nn.attention.flex_attention import create_block_mask
+            window = self.config.sliding_window
+
+            offset = torch.tensor(start, device=self.k_cache[0].device)  # a tensor: no recompile per chunk
+
+            def mask(b, h, q_idx, kv_idx):
+                visible = kv_idx <= q_idx + offset
+                return visible & (kv_idx > q_idx + offset - window) if sliding else visible
+            self.masks[key] = create_block_mask(mask, None, None, q_len, kv_len, device=self.k_cache[0].device)
+        return self.masks[key]
+
+    def attention(self, layer, q, k, v, step):
+        c, w = self.config, self.weights.layers[layer]
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        if step.decode:
+            B = q.shape[0]
+            kc[step.slots, :, step.positions] = k
+            vc[step.slots, :, step.positions] = v
+            keys, values = kc[:B, :, :self.decode_len], vc[:B, :, :self.decode_len]
+            group = c.heads // c.kv_heads
+            scores = torch.matmul(q.view(B, c.kv_heads, group, c.head_dim), keys.transpose(-1, -2)).float()
+            scores = scores * c.head_dim ** -0.5
+            scores = scores.masked_fill(~self.visible[c.sliding(layer)][:, None, None, :], float("-inf"))
+            sinks = w.sinks.view(1, c.kv_heads, group, 1).expand(B, -1, -1, 1)
+            probs = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
+            return torch.matmul(probs.to(values.dtype), values).view(B, c.heads, c.head_dim)
+        from torch.nn.attention.flex_attention import AuxRequest
+        out = torch.empty_like(q)
+        cu = step.cu_seqlens_q.tolist()
+        for r, (slot, start, n) in enumerate(zip(step.slots.tolist(), step.starts, step.q_lens)):
+            kc[slot, :, start:start + n] = k[cu[r]:cu[r + 1]].transpose(0, 1)
+            vc[slot, :, start:start + n] = v[cu[r]:cu[r + 1]].transpose(0, 1)
+            qr = q[cu[r]:cu[r + 1]].transpose(0, 1).unsqueeze(0).contiguous()
+            mask = self._block_mask(c.sliding(layer), n, start + n, start)
+            o, aux = _compiled_flex()(qr, kc[slot:slot + 1, :, :start + n], vc[slot:slot + 1, :, :start + n], block_mask=mask,
+                                      scale=c.head_dim ** -0.5, enable_gqa=True, return_aux=AuxRequest(lse=True))
+            keep = torch.sigmoid(aux.lse - w.sinks[None, :, None])  # exp(lse) / (exp(lse) + exp(sink))
+            out[cu[r]:cu[r + 1]] = (o.float() * keep[..., None]).to(q.dtype)[0].transpose(0, 1)
+        return out
+
+    # ---- experts ----------------------------------------------------------------------------------
+    def experts(self, layer, x, router_logits):
+        c, w = self.config, self.weights.layers[layer]
+        top = torch.topk(router_logits.float(), c.top_k, dim=-1)
+        weights = torch.softmax(top.values, dim=-1)
+        ids = top.indices.flatten()
+        ids_sorted, order = torch.sort(ids)
+        counts = torch.histc(ids_sorted.int(), bins=c.experts, min=0, max=c.experts - 1)
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        rows = x[order // c.top_k]
+        gate_up = torch._grouped_mm(rows, self.w13[layer].transpose(1, 2), offs=offsets).float() + w.w13_bias[ids_sorted].float()
+        gate = gate_up[:, 0::2].clamp(max=c.swiglu_limit)
+        up = gate_up[:, 1::2].clamp(-c.swiglu_limit, c.swiglu_limit)
+        h = (gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)).to(x.dtype)
+        out = torch._grouped_mm(h, self.w2[layer].transpose(1, 2), offs=offsets) + w.w2_bias[ids_sorted]
+        combined = torch.empty_like(out, dtype=torch.float32)
+        combined[order] = out.float() * weights.flatten()[order, None]
+        return combined.view(-1, c.top_k, c.hidden).sum(1).to(x.dtype)
+
+
+def make_backend(name, config, weights, slots, max_len, page_size, seed=0):
+    if name == "kiln":
+        return KilnBackend(config, weights, slots, max_len, page_size, seed)
+    if name == "torch":
+        return TorchBackend(config, weights, slots, max_len, page_size, seed)
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")

@@ -1,0 +1,98 @@
+"""The example's CPU side: arguments, weight shapes and determinism, MXFP4 packing, rotary."""
+import dataclasses
+
+import pytest
+import torch
+
+import mxfp4
+import serve
+from config import CONFIGS, GptOssConfig, config_named, yarn_inv_freq
+from weights import random_weights
+
+TINY = GptOssConfig("tiny", layers=3, experts=4, hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16, vocab=50)
+
+
+def test_defaults_are_the_issue_measurement():
+    args = serve.parse_args([])
+    assert args.config == CONFIGS["gpt-oss-20b"]
+    assert (args.prompts, args.context, args.batches, args.backends) == (8, 2048, [1, 8, 64], ["kiln", "torch"])
+
+
+def test_layers_run_fewer_blocks_at_full_width():
+    args = serve.parse_args(["--model", "gpt-oss-120b", "--layers", "2", "--batches", "4,16", "--backends", "kiln"])
+    assert (args.config.layers, args.config.experts, args.config.hidden) == (2, 128, 2880)
+    assert args.batches == [4, 16] and args.backends == ["kiln"]
+
+
+@pytest.mark.parametrize("argv, named", [(["--layers", "25"], "layers"), (["--layers", "0"], "--layers"),
+                                         (["--batches", "8,x"], "--batches"), (["--backends", "kiln,tpu"], "--backends"),
+                                         (["--page-size", "24"], "--page-size"), (["--page-size", "512"], "--page-size"),
+                                         (["--model", "llama"], "--model")])
+def test_bad_arguments_are_named(argv, named, capsys):
+    with pytest.raises((SystemExit, ValueError)) as e:
+        serve.parse_args(argv)
+    text = str(e.value) + capsys.readouterr().err
+    assert named in text
+
+
+def test_configs_match_the_published_shapes():
+    small, large = config_named("gpt-oss-20b"), config_named("gpt-oss-120b")
+    assert (small.layers, small.experts, large.layers, large.experts) == (24, 32, 36, 128)
+    assert 20e9 < small.parameters() < 22e9 and 116e9 < large.parameters() < 118e9
+    assert [small.sliding(i) for i in range(4)] == [True, False, True, False]
+
+
+def test_weights_have_the_kernel_layouts_and_repeat_from_the_seed():
+    w = random_weights(TINY, seed=7, device="cpu")
+    E, H, I = TINY.experts, TINY.hidden, TINY.intermediate
+    layer = w.layers[0]
+    assert layer.w13.shape == (E, 2 * I, H // 2) and layer.w13.dtype == torch.uint8
+    assert layer.w13_scale.shape == (E, 2 * I, H // 32) and layer.w2.shape == (E, H, I // 2)
+    assert layer.w2_scale.shape == (E, H, I // 32) and layer.qkv.shape == (TINY.q_size + 2 * TINY.kv_size, H)
+    assert layer.sinks.dtype == torch.float32 and w.lm_head.shape == (TINY.vocab, H)
+    assert set(layer.w13_scale.unique().tolist()) <= {119, 120}
+    again = random_weights(dataclasses.replace(TINY, layers=1), seed=7, device="cpu")
+    assert torch.equal(again.layers[0].w13, layer.w13) and torch.equal(again.embed, w.embed)
+    other = random_weights(TINY, seed=8, device="cpu")
+    assert not torch.equal(other.layers[0].w13, layer.w13)
+
+
+def test_expert_weights_have_unit_gain():
+    w = random_weights(dataclasses.replace(TINY, hidden=2880, intermediate=64, experts=2, layers=1), seed=1, device="cpu")
+    values = mxfp4.dequantize(w.layers[0].w13, w.layers[0].w13_scale).float()
+    assert 0.6 < values.std().item() * 2880 ** 0.5 < 1.4
+
+
+def test_mxfp4_pack_unpack_round_trip():
+    codes = torch.randint(0, 16, (3, 5, 64), dtype=torch.uint8)
+    packed = mxfp4.pack_codes(codes)
+    assert packed.shape == (3, 5, 32) and torch.equal(mxfp4.unpack_codes(packed), codes)
+    assert mxfp4.pack_codes(torch.tensor([1, 2], dtype=torch.uint8)).item() == 0x21  # low nibble first
+
+
+def test_mxfp4_dequantize_then_quantize_is_exact():
+    packed = torch.randint(0, 256, (4, 6, 32), dtype=torch.uint8)
+    scales = torch.randint(100, 140, (4, 6, 2), dtype=torch.uint8)
+    values = mxfp4.dequantize(packed, scales, torch.float32)
+    again = mxfp4.dequantize(*mxfp4.quantize(values), torch.float32)
+    assert torch.equal(again, values)
+
+
+def test_mxfp4_values_and_scales():
+    packed = mxfp4.pack_codes(torch.tensor([[7, 15] + [0] * 30], dtype=torch.uint8))
+    values = mxfp4.dequantize(packed, torch.tensor([[127 - 3]], dtype=torch.uint8), torch.float32)
+    assert values[0, :2].tolist() == [0.75, -0.75]
+
+
+def test_mxfp4_refuses_mismatched_scales():
+    with pytest.raises(ValueError, match="scales"):
+        mxfp4.dequantize(torch.zeros((2, 16), dtype=torch.uint8), torch.zeros((2, 2), dtype=torch.uint8))
+
+
+def test_yarn_matches_transformers_when_installed():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hf = transformers.GptOssConfig()
+    theirs, their_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    ours, our_scale = yarn_inv_freq(config_named("gpt-oss-20b"))
+    assert torch.allclose(theirs.float().cpu(), ours, rtol=1e-6) and abs(their_scale - our_scale) < 1e-6

@@ -1,0 +1,1 @@
+"""kiln inside other frameworks: `kiln.integrations.transformers` for Hugging Face Transformers."""
