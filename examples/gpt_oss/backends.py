@@ -65,13 +65,19 @@ class KilnBackend:
 
 
 _flex = None
+_FLEX_BLOCK = 128
+
+
+def _round_up(n, block):
+    return -(-n // block) * block
 
 
 def _compiled_flex():
     global _flex
     if _flex is None:
         from torch.nn.attention.flex_attention import flex_attention
-        _flex = torch.compile(flex_attention)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a kernel per shape
+        _flex = torch.compile(flex_attention, dynamic=False)
     return _flex
 
 
@@ -80,10 +86,10 @@ class TorchBackend:
 
     def __init__(self, config, weights, slots, max_len, page_size=None, seed=0):
         self.config, device = config, weights.embed.device
-        shape = (slots, config.kv_heads, max_len, config.head_dim)
+        # FlexAttention's kernels take lengths in whole 128-token blocks: the cache has room to pad to one.
+        shape = (slots, config.kv_heads, _round_up(max_len, _FLEX_BLOCK), config.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
         self.v_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
-        self.max_len = max_len
         self.w13, self.w2 = [], []
         for w in weights.layers:  # dequantized once; the MXFP4 bytes are dropped
             self.w13.append(mxfp4.dequantize(w.w13, w.w13_scale))
@@ -105,14 +111,14 @@ class TorchBackend:
         key = (sliding, q_len, kv_len, start)
         if key not in self.masks:
             from torch.nn.attention.flex_attention import create_block_mask
-            window = self.config.sliding_window
-
-            offset = torch.tensor(start, device=self.k_cache[0].device)  # a tensor: no recompile per chunk
+            device = self.k_cache[0].device
+            # Tensors, not constants: one compiled kernel serves every chunk offset and both layer kinds.
+            offset = torch.tensor(start, device=device)
+            window = torch.tensor(self.config.sliding_window if sliding else kv_len + 1, device=device)
 
             def mask(b, h, q_idx, kv_idx):
-                visible = kv_idx <= q_idx + offset
-                return visible & (kv_idx > q_idx + offset - window) if sliding else visible
-            self.masks[key] = create_block_mask(mask, None, None, q_len, kv_len, device=self.k_cache[0].device)
+                return (kv_idx <= q_idx + offset) & (kv_idx > q_idx + offset - window)
+            self.masks[key] = create_block_mask(mask, None, None, q_len, kv_len, device=device)
         return self.masks[key]
 
     def attention(self, layer, q, k, v, step):
@@ -136,12 +142,15 @@ class TorchBackend:
         for r, (slot, start, n) in enumerate(zip(step.slots.tolist(), step.starts, step.q_lens)):
             kc[slot, :, start:start + n] = k[cu[r]:cu[r + 1]].transpose(0, 1)
             vc[slot, :, start:start + n] = v[cu[r]:cu[r + 1]].transpose(0, 1)
-            qr = q[cu[r]:cu[r + 1]].transpose(0, 1).unsqueeze(0).contiguous()
-            mask = self._block_mask(c.sliding(layer), n, start + n, start)
-            o, aux = _compiled_flex()(qr, kc[slot:slot + 1, :, :start + n], vc[slot:slot + 1, :, :start + n], block_mask=mask,
+            # Queries and keys padded to whole blocks; the padded rows are dropped, padded keys masked.
+            q_pad, kv_pad = _round_up(n, _FLEX_BLOCK), _round_up(start + n, _FLEX_BLOCK)
+            qr = q.new_zeros((1, c.heads, q_pad, c.head_dim))
+            qr[0, :, :n] = q[cu[r]:cu[r + 1]].transpose(0, 1)
+            mask = self._block_mask(c.sliding(layer), q_pad, kv_pad, start)
+            o, aux = _compiled_flex()(qr, kc[slot:slot + 1, :, :kv_pad], vc[slot:slot + 1, :, :kv_pad], block_mask=mask,
                                       scale=c.head_dim ** -0.5, enable_gqa=True, return_aux=AuxRequest(lse=True))
-            keep = torch.sigmoid(aux.lse - w.sinks[None, :, None])  # exp(lse) / (exp(lse) + exp(sink))
-            out[cu[r]:cu[r + 1]] = (o.float() * keep[..., None]).to(q.dtype)[0].transpose(0, 1)
+            keep = torch.sigmoid(aux.lse[:, :, :n] - w.sinks[None, :, None])  # exp(lse) / (exp(lse) + exp(sink))
+            out[cu[r]:cu[r + 1]] = (o[:, :, :n].float() * keep[..., None]).to(q.dtype)[0].transpose(0, 1)
         return out
 
     # ---- experts ----------------------------------------------------------------------------------

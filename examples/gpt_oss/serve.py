@@ -212,16 +212,13 @@ def kernel_breakdown(fn, repeats=3):
     return {"step_ms": wall / repeats * 1e3, "families_us": families, "top_kernels_us": dict(top)}
 
 
-_KILN_PREFIXES = ("decode_", "prefill_", "extend_", "kv_append", "moe_apply", "kiln_")
-
-
 def _kernel_family(name):
     lower = name.lower()
-    if lower.startswith(_KILN_PREFIXES):
+    if "kiln::" in lower or lower.startswith("kiln_"):
         if "moe" in lower:
             return "kiln moe_apply"
         return "kiln kv_cache_append" if "append" in lower else "kiln attention"
-    if "grouped" in lower:
+    if "group" in lower:
         return "torch grouped_mm"
     if any(s in lower for s in ("gemm", "gemv", "cutlass", "nvjet", "xmma", "sm90_", "cublas", "matmul")):
         return "torch GEMM (projections, lm_head, attention matmuls)"
@@ -254,6 +251,11 @@ def run_backend(name, args, progress):
 
     progress(f"{name}: prefill {args.prompts} x {args.context} tokens")
     _, ttft, _ = engine.prefill(prompts[:args.prompts], progress=lambda t: progress(f"{name}: {t}"))
+    if args.profile:  # the same prefill, its kernels by family
+        try:
+            result["profile_prefill"] = kernel_breakdown(lambda: engine.prefill(prompts[:args.prompts]), repeats=1)
+        except Exception as e:
+            result["profile_prefill_error"] = str(e)
     result["prefill"] = {"prompts": args.prompts, "context": args.context, "seconds": max(ttft),
                          "tokens_per_s": args.prompts * args.context / max(ttft), "ttft_ms_mean": 1e3 * sum(ttft) / len(ttft),
                          "ttft_ms_first": 1e3 * min(ttft)}
@@ -301,6 +303,10 @@ def summary(results, args):
     fmt = lambda row: "  ".join(str(c).rjust(w) for c, w in zip(row, widths))  # noqa: E731
     lines += [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
     for r in results:
+        if "profile_prefill" in r:
+            p = r["profile_prefill"]
+            parts = ", ".join(f"{k} {v / 1e3:.1f}" for k, v in sorted(p["families_us"].items(), key=lambda kv: -kv[1]))
+            lines.append(f"{r['backend']} prefill {p['step_ms']:.0f} ms: kernels {sum(p['families_us'].values()) / 1e3:.0f} ms ({parts})")
         if "profile_batch8" in r:
             p = r["profile_batch8"]
             parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(p["families_us"].items(), key=lambda kv: -kv[1]))
@@ -310,7 +316,7 @@ def summary(results, args):
     return "\n".join(lines)
 
 
-def teacher_forced_logits(backend, config, seed, prompts, forced, page_size=16, max_batched_tokens=256, graphs=True):
+def teacher_forced_logits(backend, config, seed, prompts, forced, page_size=16, max_batched_tokens=4096, graphs=True):
     """Logits [steps + 1, B, V] of one back end: those the prefill samples each prompt's first token
     from, then those of `steps` decode steps fed forced[i] (int64 [steps, B]) at step i."""
     steps = forced.shape[0]

@@ -93,8 +93,8 @@ def random_weights(config, seed, device="cuda"):
 
 
 def _unembedding(config, draw):
-    # Row norms spread log-normally, as a trained model's do (frequent tokens have larger rows):
-    # the top logit then stands clear of the rest, as it does in a trained model.
+    # Row norms spread log-normally (sigma 0.3), as a trained model's do (frequent tokens have larger
+    # rows): the top logit stands clearer of the rest than with equal norms, and no single row wins.
     rows = draw.normal("model", "lm_head", (config.vocab, config.hidden), config.hidden ** -0.5, dtype=torch.float32)
-    norms = draw.normal("model", "lm_head.norms", (config.vocab, 1), 1.0, dtype=torch.float32).exp()
+    norms = draw.normal("model", "lm_head.norms", (config.vocab, 1), 0.3, dtype=torch.float32).exp()
     return (rows * norms).to(torch.bfloat16)
