@@ -163,10 +163,11 @@ class TorchBackend:
         counts = torch.histc(ids_sorted.int(), bins=c.experts, min=0, max=c.experts - 1)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         rows = x[order // c.top_k]
-        gate_up = torch._grouped_mm(rows, self.w13[layer].transpose(1, 2), offs=offsets).float() + w.w13_bias[ids_sorted].float()
+        # bf16 throughout, as Transformers' grouped_mm experts path computes them.
+        gate_up = torch._grouped_mm(rows, self.w13[layer].transpose(1, 2), offs=offsets) + w.w13_bias[ids_sorted]
         gate = gate_up[:, 0::2].clamp(max=c.swiglu_limit)
         up = gate_up[:, 1::2].clamp(-c.swiglu_limit, c.swiglu_limit)
-        h = (gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)).to(x.dtype)
+        h = gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)
         out = torch._grouped_mm(h, self.w2[layer].transpose(1, 2), offs=offsets) + w.w2_bias[ids_sorted]
         combined = torch.empty_like(out, dtype=torch.float32)
         combined[order] = out.float() * weights.flatten()[order, None]

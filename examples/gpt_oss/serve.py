@@ -218,6 +218,8 @@ def _kernel_family(name):
         if "moe" in lower:
             return "kiln moe_apply"
         return "kiln kv_cache_append" if "append" in lower else "kiln attention"
+    if "flex" in lower or lower.startswith("triton_tem"):
+        return "torch FlexAttention"
     if "group" in lower:
         return "torch grouped_mm"
     if any(s in lower for s in ("gemm", "gemv", "cutlass", "nvjet", "xmma", "sm90_", "cublas", "matmul")):
