@@ -84,8 +84,9 @@ def _compiled_flex():
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0):
+    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0, activation_dtype=torch.bfloat16):
         self.config, device = config, weights.embed.device
+        self.activation_dtype = activation_dtype  # the experts' gate and up, between the two GEMMs
         # FlexAttention's kernels take lengths in whole 128-token blocks: the cache has room to pad to one.
         shape = (slots, config.kv_heads, _round_up(max_len, _FLEX_BLOCK), config.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
@@ -163,20 +164,21 @@ class TorchBackend:
         counts = torch.histc(ids_sorted.int(), bins=c.experts, min=0, max=c.experts - 1)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         rows = x[order // c.top_k]
-        # bf16 throughout, as Transformers' grouped_mm experts path computes them.
-        gate_up = torch._grouped_mm(rows, self.w13[layer].transpose(1, 2), offs=offsets) + w.w13_bias[ids_sorted]
+        # bf16 by default, as Transformers' grouped_mm experts path computes them.
+        dtype = self.activation_dtype
+        gate_up = torch._grouped_mm(rows, self.w13[layer].transpose(1, 2), offs=offsets).to(dtype) + w.w13_bias[ids_sorted].to(dtype)
         gate = gate_up[:, 0::2].clamp(max=c.swiglu_limit)
         up = gate_up[:, 1::2].clamp(-c.swiglu_limit, c.swiglu_limit)
-        h = gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)
+        h = (gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)).to(x.dtype)
         out = torch._grouped_mm(h, self.w2[layer].transpose(1, 2), offs=offsets) + w.w2_bias[ids_sorted]
         combined = torch.empty_like(out, dtype=torch.float32)
         combined[order] = out.float() * weights.flatten()[order, None]
         return combined.view(-1, c.top_k, c.hidden).sum(1).to(x.dtype)
 
 
-def make_backend(name, config, weights, slots, max_len, page_size, seed=0):
+def make_backend(name, config, weights, slots, max_len, page_size, seed=0, **options):
     if name == "kiln":
-        return KilnBackend(config, weights, slots, max_len, page_size, seed)
+        return KilnBackend(config, weights, slots, max_len, page_size, seed, **options)
     if name == "torch":
-        return TorchBackend(config, weights, slots, max_len, page_size, seed)
+        return TorchBackend(config, weights, slots, max_len, page_size, seed, **options)
     raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")

@@ -318,13 +318,14 @@ def summary(results, args):
     return "\n".join(lines)
 
 
-def teacher_forced_logits(backend, config, seed, prompts, forced, page_size=16, max_batched_tokens=4096, graphs=True):
+def teacher_forced_logits(backend, config, seed, prompts, forced, page_size=16, max_batched_tokens=4096, graphs=True,
+                          **backend_options):
     """Logits [steps + 1, B, V] of one back end: those the prefill samples each prompt's first token
     from, then those of `steps` decode steps fed forced[i] (int64 [steps, B]) at step i."""
     steps = forced.shape[0]
     max_len = -(-(max(len(p) for p in prompts) + steps + 1) // 16) * 16
     weights = random_weights(config, seed)
-    model = GptOss(config, weights, make_backend(backend, config, weights, len(prompts), max_len, page_size, seed))
+    model = GptOss(config, weights, make_backend(backend, config, weights, len(prompts), max_len, page_size, seed, **backend_options))
     engine = Engine(model, max_len, max_batched_tokens)
     _, _, logits = engine.prefill(prompts)
     step = engine.start_decode(forced[0], [len(p) for p in prompts], steps, graphs)
