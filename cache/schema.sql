@@ -1,5 +1,5 @@
 -- kiln's kernel cache: one SQLite database (kiln.db) per cache directory.
--- Schema version 1. You MUST bump kSchemaVersion in src/cache/schema.hpp, add a migration step
+-- Schema version 2 (version 1 had no row_signatures). You MUST bump kSchemaVersion in src/cache/schema.hpp, add a migration step
 -- there, and update the golden test (tests/test_cache.cpp) whenever this file changes.
 -- PRAGMA application_id identifies a kiln database; PRAGMA user_version holds the schema version.
 
@@ -31,4 +31,13 @@ CREATE INDEX IF NOT EXISTS kernels_target ON kernels (target);
 CREATE TABLE IF NOT EXISTS meta (
   name  TEXT PRIMARY KEY,
   value TEXT NOT NULL
+);
+
+-- Signatures of rows, in bundles and seeds written by `kiln cache export --sign KEY`: Ed25519 by the
+-- key whose public half is `signer`, over the row's fields and binary (src/cache/row_signing.cpp).
+-- With KILN_CACHE_TRUSTED_KEYS set, import and seed lookups use only rows signed by those keys.
+CREATE TABLE IF NOT EXISTS row_signatures (
+  key        BLOB PRIMARY KEY CHECK (length(key) = 16),
+  signer     BLOB NOT NULL CHECK (length(signer) = 32),
+  signature  BLOB NOT NULL CHECK (length(signature) = 64)
 );

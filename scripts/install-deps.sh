@@ -9,7 +9,8 @@ packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest
           clang-format-14           # the format_check test
           clang-22 lld-22 llvm-22   # the offline AMD compiler (gfx942, gfx950), its linker, llvm-objdump
           libamdhip64-dev libhiprtc-builtins5  # Debian's ROCm 5.2: hipRTC (gfx90a) and the HIP runtime
-          util-linux)               # setpriv: the read-only-cache test runs a process as another user
+          util-linux                # setpriv: the read-only-cache test runs a process as another user
+          libsodium23)              # Ed25519 signatures of cache rows (loaded by libkiln at first use)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

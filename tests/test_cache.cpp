@@ -104,9 +104,9 @@ std::string file_bytes(const std::string& path) {
 
 TEST(CacheSchemaGolden, VersionAndText) {
   // Changing cache/schema.sql must be deliberate: bump kSchemaVersion, add a migration, update this.
-  EXPECT_EQ(kSchemaVersion, 1);
+  EXPECT_EQ(kSchemaVersion, 2);
   const std::string sql = cache_schema_sql();
-  EXPECT_EQ(XXH3_64bits(sql.data(), sql.size()), 2975992440901103629ull)
+  EXPECT_EQ(XXH3_64bits(sql.data(), sql.size()), 12585783253748532670ull)
       << "schema.sql changed; hash now " << XXH3_64bits(sql.data(), sql.size());
 }
 
@@ -616,6 +616,49 @@ TEST_F(CacheTest, BundleFilesAreRegularFilesNamedExactlyAndKeysPrintAlike) {
   EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
 }
 
+// The operator's signing workflow through the command line, on a kernel NVRTC really compiled:
+// keygen on the build box, export --sign, import on a node that trusts the key, served from disk.
+TEST_F(CacheTest, SignedBundleWorkflowThroughTheCommandLine) {
+  fs::create_directories(dir_);
+  auto cli = [&](const std::string& args, int* rc) {
+    const std::string out = (dir_ / "cli.out").string();
+    const int status = std::system(fmt::format("timeout 120 {} {} > {} 2>&1", KILN_TEST_CLI, args, out).c_str());
+    *rc = WEXITSTATUS(status);
+    return file_bytes(out);
+  };
+  int rc = -1;
+  std::string out = cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("build"), kPrefillSig), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = cli(fmt::format("cache keygen {}", dir("release")), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string key = file_bytes(dir("release.pub")).substr(0, 64);
+  EXPECT_NE(out.find("KILN_CACHE_TRUSTED_KEYS=" + key), std::string::npos) << out;
+  out = cli(fmt::format("--cache {} cache export {} --sign {}", dir("build"), dir("signed.kiln"), dir("release.key")), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("exported 1 entries"), std::string::npos) << out;
+  out = cli(fmt::format("--cache {} cache export {}", dir("build"), dir("plain.kiln")), &rc);
+  ASSERT_EQ(rc, 0) << out;
+
+  const std::string trusting = "KILN_CACHE_TRUSTED_KEYS=" + key + " ";
+  out = cli(fmt::format("--cache {} cache import {}", dir("node"), dir("plain.kiln")), &rc);
+  EXPECT_EQ(rc, 0) << "without keys an unsigned bundle imports: " << out;
+  const int status = std::system(fmt::format("{}timeout 60 {} --cache {} cache import {} > {}/o 2>&1", trusting, KILN_TEST_CLI,
+                                             dir("node2"), dir("plain.kiln"), dir_.string())
+                                     .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 6) << file_bytes(dir_.string() + "/o");
+  EXPECT_NE(file_bytes(dir_.string() + "/o").find("not signed"), std::string::npos) << file_bytes(dir_.string() + "/o");
+  ASSERT_EQ(std::system(fmt::format("{}timeout 60 {} --cache {} cache import {} > {}/o 2>&1", trusting, KILN_TEST_CLI, dir("node3"),
+                                    dir("signed.kiln"), dir_.string())
+                            .c_str()),
+            0)
+      << file_bytes(dir_.string() + "/o");
+  ASSERT_EQ(std::system(fmt::format("{}timeout 60 {} --cache {} compile mha_prefill --target sm_90a --json --sig {} > {}/o 2>&1", trusting,
+                                    KILN_TEST_CLI, dir("node3"), kPrefillSig, dir_.string())
+                            .c_str()),
+            0);
+  EXPECT_EQ(nlohmann::json::parse(file_bytes(dir_.string() + "/o"))["origin"], "disk") << "served as imported, not recompiled";
+}
+
 TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {
   fs::create_directories(dir_);
   ASSERT_EQ(race(dir(), {kPrefillSig}), std::vector<std::string>{"compiled"});
@@ -643,6 +686,194 @@ TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {
   EXPECT_NE(file_bytes(out + "/miss.err").find("read-only"), std::string::npos) << file_bytes(out + "/miss.err");
   EXPECT_EQ(cache_list(dir()).size(), 1u) << "nothing was written by the read-only user";
   fs::remove_all(out);
+}
+
+// ---- signed bundles and seeds (Ed25519 through libsodium) ---------------------------------------
+
+// Rewrites a bundle row's binary with its size and XXH3 checksum made to match, as someone who
+// wants kiln to load other code would: only a signature can tell.
+void forge_binary(const std::string& bundle, const std::string& kernel, const std::vector<uint8_t>& binary) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(bundle.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "UPDATE kernels SET binary = ?, size = ?, checksum = ? WHERE kernel = ?", -1, &st, nullptr), SQLITE_OK);
+  sqlite3_bind_blob(st, 1, binary.data(), static_cast<int>(binary.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 2, static_cast<sqlite3_int64>(binary.size()));
+  sqlite3_bind_int64(st, 3, static_cast<sqlite3_int64>(XXH3_64bits(binary.data(), binary.size())));
+  sqlite3_bind_text(st, 4, kernel.c_str(), -1, SQLITE_TRANSIENT);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_DONE);
+  EXPECT_EQ(sqlite3_changes(db), 1);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
+  for (const auto& line : lines) {
+    if (line.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_F(CacheTest, SchemaOneDatabasesGainRowSignaturesAndKeepTheirRows) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+  }
+  raw_sql(dir() + "/kiln.db", "DROP TABLE row_signatures; PRAGMA user_version = 1;");
+  KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+  ASSERT_TRUE(cache.persistent()) << cache.degraded_reason();
+  EXPECT_TRUE(cache.lookup(row(1).key, "sm_90a", kCompiler));
+  cache_export(dir("signed.kiln"), "", "", dir());  // the bundle has the table too
+  raw_sql(dir() + "/kiln.db", "SELECT count(*) FROM row_signatures");
+  raw_sql(dir("signed.kiln"), "SELECT count(*) FROM row_signatures");
+}
+
+TEST_F(CacheTest, ImportTakesOnlyRowsSignedByATrustedKeyWhenKeysAreSet) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    for (uint64_t n = 1; n <= 3; ++n) cache.publish(row(n));
+  }
+  fs::create_directories(dir("keys"));
+  const std::string build_key = cache_keygen(dir("keys/build"));
+  const std::string other_key = cache_keygen(dir("keys/other"));
+  EXPECT_EQ(build_key.size(), 64u);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir("keys/build.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "the secret key is the owner's alone";
+  const std::string signed_bundle = dir("signed.kiln"), plain = dir("plain.kiln"), by_other = dir("other.kiln");
+  EXPECT_EQ(cache_export(signed_bundle, "", "", dir(), dir("keys/build.key")), 3u);
+  EXPECT_EQ(cache_export(plain, "", "", dir()), 3u);
+  EXPECT_EQ(cache_export(by_other, "", "", dir(), dir("keys/other.key")), 3u);
+  const std::string forged = dir("forged.kiln");
+  fs::copy_file(signed_bundle, forged);
+  forge_binary(forged, "k2", row(9).binary);
+
+  // Without trusted keys a forged row with a matching checksum is indistinguishable: imported.
+  EXPECT_EQ(cache_import(forged, dir("open")).imported, 3u);
+
+  ScopedEnv trusted("KILN_CACHE_TRUSTED_KEYS", build_key + "," + dir("keys/unused.pub"));
+  std::ofstream(dir("keys/unused.pub")) << other_key.substr(0, 60) << "\n";
+  EXPECT_THROW(cache_import(signed_bundle, dir("a")), Error) << "a .pub file without a whole key is an error";
+  std::ofstream(dir("keys/unused.pub"), std::ios::trunc) << std::string(64, 'a') << "\n";
+
+  CacheImportReport r = cache_import(signed_bundle, dir("a"));
+  EXPECT_EQ(r.imported, 3u);
+  EXPECT_TRUE(r.rejected.empty());
+  KernelCache imported(dir("a"), {}, 1 << 30, Mode::kServe);
+  ASSERT_TRUE(imported.lookup(row(2).key, "sm_90a", kCompiler));
+  EXPECT_EQ(imported.lookup(row(2).key, "sm_90a", kCompiler)->row.binary, row(2).binary);
+
+  r = cache_import(plain, dir("b"));
+  EXPECT_EQ(r.imported, 0u);
+  ASSERT_EQ(r.rejected.size(), 3u);
+  EXPECT_TRUE(any_contains(r.rejected, "not signed")) << r.rejected[0];
+
+  r = cache_import(forged, dir("c"));
+  EXPECT_EQ(r.imported, 2u);
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_TRUE(any_contains(r.rejected, "k2")) << r.rejected[0];
+  EXPECT_TRUE(any_contains(r.rejected, "does not verify")) << r.rejected[0];
+  KernelCache after_forgery(dir("c"), {}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(after_forgery.lookup(row(2).key, "sm_90a", kCompiler));
+
+  r = cache_import(by_other, dir("d"));
+  EXPECT_EQ(r.imported, 0u);
+  EXPECT_TRUE(any_contains(r.rejected, "not in KILN_CACHE_TRUSTED_KEYS")) << r.rejected[0];
+}
+
+TEST_F(CacheTest, SeedsServeOnlySignedRowsWhenKeysAreSet) {
+  {
+    KernelCache source(dir("source"), {}, 1 << 30, Mode::kServe);
+    source.publish(row(1));
+  }
+  fs::create_directories(dir("keys"));
+  const std::string key = cache_keygen(dir("keys/build"));
+  const std::string signed_seed = dir("signed.kiln"), plain_seed = dir("plain.kiln");
+  cache_export(signed_seed, "", "", dir("source"), dir("keys/build.key"));
+  cache_export(plain_seed, "", "", dir("source"));
+  ScopedEnv trusted("KILN_CACHE_TRUSTED_KEYS", dir("keys/build.pub"));
+  {
+    KernelCache cache(dir("one"), {signed_seed}, 1 << 30, Mode::kServe);
+    auto found = cache.lookup(row(1).key, "sm_90a", kCompiler);
+    ASSERT_TRUE(found);
+    EXPECT_EQ(found->tier, KernelCache::Tier::kSeed);
+  }
+  {
+    KernelCache cache(dir("two"), {plain_seed}, 1 << 30, Mode::kServe);
+    EXPECT_FALSE(cache.lookup(row(1).key, "sm_90a", kCompiler));
+    EXPECT_TRUE(warned("not signed")) << "the skipped seed row is named in a warning";
+  }
+  forge_binary(signed_seed, "k1", row(5).binary);
+  KernelCache cache(dir("three"), {signed_seed}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(cache.lookup(row(1).key, "sm_90a", kCompiler));
+  EXPECT_TRUE(warned("does not verify"));
+}
+
+TEST_F(CacheTest, KeysAndBundlesOthersCanWriteAreRefusedByName) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+  }
+  fs::create_directories(dir("keys"));
+  cache_keygen(dir("keys/build"));
+  EXPECT_THROW(cache_keygen(dir("keys/build")), Error) << "never overwrites a key";
+  ASSERT_EQ(::chmod(dir("keys/build.key").c_str(), 0644), 0);
+  try {
+    cache_export(dir("b.kiln"), "", "", dir(), dir("keys/build.key"));
+    FAIL() << "a secret key others can read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("chmod 600"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir("b.kiln")));
+  const std::string bundle = dir("plain.kiln");
+  cache_export(bundle, "", "", dir());
+  ASSERT_EQ(::chmod(bundle.c_str(), 0666), 0);
+  try {
+    cache_import(bundle, dir("other"));
+    FAIL() << "a bundle anyone can write";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCacheError);
+    EXPECT_NE(std::string(e.what()).find("bundle"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(bundle.c_str(), 0644), 0);
+  ScopedEnv garbage("KILN_CACHE_TRUSTED_KEYS", "not-a-key");
+  try {
+    cache_import(bundle, dir("other"));
+    FAIL() << "unreadable trusted keys";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CACHE_TRUSTED_KEYS"), std::string::npos) << e.what();
+  }
+  KernelCache serving(dir("serving"), {bundle}, 1 << 30, Mode::kServe);  // serving degrades, closed
+  EXPECT_FALSE(serving.lookup(row(1).key, "sm_90a", kCompiler));
+}
+
+TEST_F(CacheTest, TrustedKeysWithoutLibsodiumTrustNothing) {
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
+  }
+  const std::string bundle = dir("plain.kiln");
+  cache_export(bundle, "", "", dir());
+  ScopedEnv trusted("KILN_CACHE_TRUSTED_KEYS", std::string(64, 'b'));
+  ScopedEnv no_sodium("KILN_LIBSODIUM", "/nonexistent/libsodium.so");
+  const CacheImportReport r = cache_import(bundle, dir("other"));  // unsigned: refused before any verification
+  EXPECT_EQ(r.imported, 0u);
+  try {
+    cache_keygen(dir("k"));
+    FAIL() << "keygen without libsodium";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("libsodium"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

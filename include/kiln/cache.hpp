@@ -76,9 +76,16 @@ std::vector<CacheEntry> cache_list(const std::string& directory = "");
 CacheVerifyReport cache_verify(bool repair, const std::string& directory = "");
 // Evicts least-recently-used rows until the database holds at most max_bytes; returns the count.
 uint64_t cache_prune(uint64_t max_bytes, const std::string& directory = "");
-// Writes the rows (optionally of one target and/or kernel) to `file`, a new kiln database.
+// Writes the rows (optionally of one target and/or kernel) to `file`, a new kiln database; with
+// `signing_key` (a secret key file from cache_keygen, mode 0600) each row is signed (Ed25519).
 uint64_t cache_export(const std::string& file, const std::string& target = "", const std::string& kernel = "",
-                      const std::string& directory = "");
+                      const std::string& directory = "", const std::string& signing_key = "");
+// Imports a bundle's verified rows. With KILN_CACHE_TRUSTED_KEYS set (comma-separated Ed25519
+// public keys, as hex or .pub files) only rows signed by one of them are imported, and seeds serve
+// only such rows; the others are listed in `rejected`. A bundle other users can write is refused.
 CacheImportReport cache_import(const std::string& file, const std::string& directory = "");
+// Writes a new signing key pair, `prefix`.key (secret, mode 0600) and `prefix`.pub; returns the
+// public key as 64 hex digits. Needs libsodium (Debian: libsodium23), loaded at first use.
+std::string cache_keygen(const std::string& prefix);
 
 }  // namespace kiln

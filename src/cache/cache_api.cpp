@@ -38,8 +38,16 @@ CacheVerifyReport cache_verify(bool repair, const std::string& directory) { retu
 
 uint64_t cache_prune(uint64_t max_bytes, const std::string& directory) { return strict_cache(directory).prune(max_bytes); }
 
-uint64_t cache_export(const std::string& file, const std::string& target, const std::string& kernel, const std::string& directory) {
-  return strict_cache(directory).export_to(file, target, kernel);
+uint64_t cache_export(const std::string& file, const std::string& target, const std::string& kernel, const std::string& directory,
+                      const std::string& signing_key) {
+  if (signing_key.empty()) return strict_cache(directory).export_to(file, target, kernel);
+  const detail::SigningKey key = detail::read_signing_key(signing_key);
+  return strict_cache(directory).export_to(file, target, kernel, &key);
+}
+
+std::string cache_keygen(const std::string& prefix) {
+  const detail::PublicKey key = detail::generate_signing_key(prefix);
+  return detail::to_hex(key.data(), key.size());
 }
 
 CacheImportReport cache_import(const std::string& file, const std::string& directory) {

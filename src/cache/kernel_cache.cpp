@@ -171,8 +171,9 @@ void migrate(sqlite3* db, const std::string& path) {
   Transaction t(db);
   const int64_t version = check_ownership(db, path);
   if (version == kSchemaVersion) return;
-  if (version == 0) exec(db, cache_schema_sql());
-  // Later schema versions add their steps here: if (version < 2) exec(db, "ALTER TABLE ...");
+  // Every statement of the schema creates only what is missing: version 0 (a new database) gets
+  // all of it, version 1 the row_signatures table. Later versions that alter tables add steps here.
+  exec(db, cache_schema_sql());
   exec(db, fmt::format("PRAGMA application_id = {}", kApplicationId));
   exec(db, fmt::format("PRAGMA user_version = {}", kSchemaVersion));
   t.commit();
@@ -330,8 +331,43 @@ sqlite3* open_cache_database(const std::string& path, bool writable, bool networ
 
 KernelCache::KernelCache(std::string directory, std::vector<std::string> seeds, uint64_t max_bytes, Mode mode)
     : directory_(std::move(directory)), seed_paths_(std::move(seeds)), max_bytes_(max_bytes), mode_(mode) {
+  read_trusted_keys();
   open_writable();
   open_seeds();
+}
+
+void KernelCache::read_trusted_keys() {
+  try {
+    trusted_keys_ = trusted_keys_from_environment();
+  } catch (const Error& e) {
+    if (mode_ == Mode::kStrict) throw;
+    // Fail closed: with keys asked for but unreadable, no bundle or seed row is trusted.
+    trusted_keys_error_ = e.message();
+    degrade("trusted-keys", e.message() + "; no seed row is trusted");
+  }
+}
+
+std::optional<std::string> KernelCache::untrusted_reason(sqlite3* db, const CacheRow& row) {
+  if (!trusted_keys_error_.empty()) return trusted_keys_error_;
+  if (trusted_keys_.empty()) return std::nullopt;
+  const std::vector<uint8_t> kb = key_bytes(row.key);
+  std::vector<uint8_t> signer, signature;
+  try {
+    Statement s(db, "SELECT signer, signature FROM row_signatures WHERE key = ?");
+    s.bind_blob(1, kb.data(), kb.size());
+    if (s.step()) {
+      signer = s.blob(0);
+      signature = s.blob(1);
+    }
+  } catch (const Error&) {  // a database from before signatures: no row of it is signed
+  }
+  if (signer.size() != 32 || signature.size() != 64)
+    return "not signed, and KILN_CACHE_TRUSTED_KEYS admits only rows signed by its keys (kiln cache export --sign)";
+  PublicKey who;
+  RowSignature sig;
+  std::copy(signer.begin(), signer.end(), who.begin());
+  std::copy(signature.begin(), signature.end(), sig.begin());
+  return signature_problem(row, trusted_keys_, who, sig);
 }
 
 KernelCache::~KernelCache() {
@@ -475,6 +511,7 @@ std::optional<KernelCache::Found> KernelCache::lookup(const KernelKey& key, cons
       std::optional<std::string> problem = row_problem(s, row);
       if (!problem && row.target != target) problem = fmt::format("built for {}, not {}", row.target, target);
       if (!problem && row.compiler != compiler) problem = fmt::format("built by '{}', not '{}'", row.compiler, compiler);
+      if (!problem && tier == Tier::kSeed) problem = untrusted_reason(db, row);
       if (problem) {
         counters_.bad_entries++;
         log(LogLevel::kWarn, fmt::format("kiln cache: entry {} ({}) in {} is unusable: {}; {}", key.hex(), row.kernel, name, *problem,
@@ -699,7 +736,8 @@ uint64_t KernelCache::prune(uint64_t max_bytes) {
   return evict_locked(max_bytes, nullptr);
 }
 
-uint64_t KernelCache::export_to(const std::string& file, const std::string& target, const std::string& kernel) {
+uint64_t KernelCache::export_to(const std::string& file, const std::string& target, const std::string& kernel,
+                                const SigningKey* signing_key) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!db_) throw cache_error(fmt::format("no database in {}: {}", directory_, degraded_reason_));
   if (std::filesystem::exists(file)) throw cache_error(fmt::format("export: {} exists; kiln does not overwrite files", file));
@@ -714,6 +752,7 @@ uint64_t KernelCache::export_to(const std::string& file, const std::string& targ
                             .c_str());
     rows.bind(1, target).bind(2, kernel);
     Statement ins(out, (std::string("INSERT INTO kernels ") + kInsertColumns).c_str());
+    Statement sign(out, "INSERT INTO row_signatures (key, signer, signature) VALUES (?, ?, ?)");
     while (rows.step()) {
       const CacheRow row = read_row(rows);
       if (row_problem(rows, row)) continue;  // never ship a bad row
@@ -721,6 +760,15 @@ uint64_t KernelCache::export_to(const std::string& file, const std::string& targ
       bind_row(ins, row);
       ins.bind(14, rows.integer(13)).bind(15, rows.integer(14)).bind(16, rows.integer(15));
       ins.step();
+      if (signing_key) {
+        const RowSignature signature = sign_row(row, *signing_key);
+        const std::vector<uint8_t> kb = key_bytes(row.key);
+        sign.reset();
+        sign.bind_blob(1, kb.data(), kb.size())
+            .bind_blob(2, signing_key->public_key.data(), signing_key->public_key.size())
+            .bind_blob(3, signature.data(), signature.size());
+        sign.step();
+      }
       ++copied;
     }
     t.commit();
@@ -736,6 +784,8 @@ uint64_t KernelCache::export_to(const std::string& file, const std::string& targ
 CacheImportReport KernelCache::import_from(const std::string& file) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!db_ || !writable_) throw cache_error(fmt::format("{}/kiln.db is not writable: {}", directory_, degraded_reason_));
+  if (auto why = unsafe_reason(file, false)) throw cache_error(fmt::format("import: bundle {}", *why));
+  if (!trusted_keys_error_.empty()) throw cache_error("import: " + trusted_keys_error_);
   sqlite3* in = open_cache_database(file, false, is_network_filesystem(file));
   CacheImportReport report;
   try {
@@ -745,7 +795,9 @@ CacheImportReport KernelCache::import_from(const std::string& file) {
     const int64_t now = now_seconds();
     while (rows.step()) {
       const CacheRow row = read_row(rows);
-      if (auto problem = row_problem(rows, row)) {
+      std::optional<std::string> problem = row_problem(rows, row);
+      if (!problem) problem = untrusted_reason(in, row);
+      if (problem) {
         report.rejected.push_back(fmt::format("{} ({}): {}", row.kernel, row.target, *problem));
         continue;
       }

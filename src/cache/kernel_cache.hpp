@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/kernel_key.hpp"
+#include "cache/row_signing.hpp"
 #include "kiln/cache.hpp"
 
 struct sqlite3;
@@ -80,7 +81,12 @@ class KernelCache {
   std::vector<CacheEntry> list();
   CacheVerifyReport verify(bool repair);
   uint64_t prune(uint64_t max_bytes);
-  uint64_t export_to(const std::string& file, const std::string& target, const std::string& kernel);
+  // Writes the rows (of one target and/or kernel where given) to a new bundle file, each signed by
+  // `signing_key` where one is given.
+  uint64_t export_to(const std::string& file, const std::string& target, const std::string& kernel,
+                     const SigningKey* signing_key = nullptr);
+  // With trusted keys (KILN_CACHE_TRUSTED_KEYS), imports only rows signed by one of them. Refuses a
+  // bundle that other users can write.
   CacheImportReport import_from(const std::string& file);
 
  private:
@@ -88,6 +94,10 @@ class KernelCache {
   void open_for_inspection();  // Mode::kInspect
   void open_seeds();
   void degrade(const std::string& category, const std::string& reason);
+  void read_trusted_keys();
+  // Why a row of `db` (a bundle or seed) is not trusted, or nullopt: with trusted keys set it must
+  // carry a signature by one of them that verifies.
+  std::optional<std::string> untrusted_reason(sqlite3* db, const CacheRow& row);
   uint64_t evict_locked(uint64_t max_bytes, const KernelKey* keep);
 
   std::string directory_;
@@ -101,6 +111,8 @@ class KernelCache {
   std::string degraded_reason_;
   std::set<std::string> warned_;
   CacheCounters counters_;
+  std::vector<PublicKey> trusted_keys_;
+  std::string trusted_keys_error_;  // KILN_CACHE_TRUSTED_KEYS set but unreadable: nothing is trusted
 };
 
 // Opens a database file as a kiln cache (schema created or migrated when writable). Throws

@@ -404,7 +404,12 @@ int main(int argc, char** argv) {
   cache_export->add_option("file", file, "Bundle to create (must not exist)")->required();
   cache_export->add_option("--target", target, "Only entries for this target");
   cache_export->add_option("--kernel", kernel_filter, "Only entries of this kernel");
-  auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums verified)");
+  std::string signing_key;
+  cache_export->add_option("--sign", signing_key, "Sign every entry with this secret key file (from `kiln cache keygen`)");
+  auto* cache_keygen = cache->add_subcommand("keygen", "Write a new Ed25519 key pair for signing bundles: PREFIX.key and PREFIX.pub");
+  std::string key_prefix;
+  cache_keygen->add_option("prefix", key_prefix, "Path prefix of the two key files (neither may exist)")->required();
+  auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums, and signatures with KILN_CACHE_TRUSTED_KEYS)");
   cache_import->add_option("file", file, "Bundle to read")->required();
 
   std::string shape_text, kernel_name;
@@ -474,7 +479,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*cache_export) {
-      std::cout << fmt::format("exported {} entries to {}\n", kiln::cache_export(file, target, kernel_filter, cache_dir), file);
+      const uint64_t exported = kiln::cache_export(file, target, kernel_filter, cache_dir, signing_key);
+      std::cout << fmt::format("exported {} entries to {}{}\n", exported, file, signing_key.empty() ? "" : ", signed");
+      return 0;
+    }
+    if (*cache_keygen) {
+      const std::string public_key = kiln::cache_keygen(key_prefix);
+      std::cout << fmt::format(
+          "wrote {0}.key (secret: keep it on the build box) and {0}.pub\npublic key {1}\n"
+          "serving nodes trust it with KILN_CACHE_TRUSTED_KEYS={1}\n",
+          key_prefix, public_key);
       return 0;
     }
     if (*cache_import) {
