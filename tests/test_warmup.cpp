@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 #include "kiln/warmup.hpp"
@@ -297,6 +299,31 @@ TEST_F(WarmupTest, CommandLineConventions) {
   EXPECT_NE(out.find("removed 2 entries"), std::string::npos) << out;
   out = run("cache stats", &rc, "KILN_CACHE_MAX_BYTES=512M");
   EXPECT_NE(out.find("entries    0\nsize       0 B of 512.0 MiB"), std::string::npos) << out;
+  // Every exit code is in --help.
+  out = run("--help", &rc);
+  EXPECT_EQ(rc, 0);
+  for (const char* code : {"0 success", "1 internal", "2 bad usage", "3 no kernel", "4 compile failed", "5 driver", "6 the cache",
+                           "7 kiln check", "130 warm-up interrupted"}) {
+    EXPECT_NE(out.find(code), std::string::npos) << code << " missing from --help:\n" << out;
+  }
+  // `kiln env` (and `devices`) for a bug report: they read, and create no cache directory.
+  const std::string fresh = (dir_ / "fresh").string();
+  out = run(fmt::format("--cache {} env --json", fresh), &rc, "KILN_JIT=off");
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json env = nlohmann::json::parse(out);
+  EXPECT_EQ(env.at("schema"), 1);
+  EXPECT_EQ(env.at("kiln").at("version"), kiln_version());
+  EXPECT_EQ(env.at("cache").at("directory"), fresh);
+  EXPECT_EQ(env.at("cache").at("persistent"), false);
+  EXPECT_EQ(env.at("settings").at("jit"), "off");
+  EXPECT_EQ(env.at("environment").at("KILN_JIT"), "off");
+  EXPECT_TRUE(env.at("compilers").is_array() && !env.at("compilers").empty());
+  out = run(fmt::format("--cache {} env", fresh), &rc, "KILN_CACHE_TRUSTED_KEYS=nonsense");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("trusted_keys KILN_CACHE_TRUSTED_KEYS: 'nonsense'"), std::string::npos) << out;
+  run(fmt::format("--cache {} devices", fresh), &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_FALSE(fs::exists(fresh)) << "env and devices only read";
 }
 
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {

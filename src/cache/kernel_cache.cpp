@@ -375,6 +375,12 @@ KernelCache::~KernelCache() {
   for (auto& [path, db] : seeds_) sqlite3_close_v2(db);
 }
 
+namespace {
+std::atomic<bool> process_inspect_only{false};
+}  // namespace
+
+void KernelCache::inspect_only_process() { process_inspect_only.store(true); }
+
 KernelCache& KernelCache::process() {
   static std::mutex mutex;
   static KernelCache* cache = nullptr;
@@ -383,7 +389,8 @@ KernelCache& KernelCache::process() {
   if (cache == nullptr || owner != ::getpid()) {
     // After fork() the parent's SQLite connection must not be used or closed in the child:
     // it is abandoned and a fresh one opened.
-    cache = new KernelCache(default_cache_directory(), default_seed_databases(), default_cache_max_bytes(), Mode::kServe);
+    cache = new KernelCache(default_cache_directory(), default_seed_databases(), default_cache_max_bytes(),
+                            process_inspect_only.load() ? Mode::kInspect : Mode::kServe);
     owner = ::getpid();
     // Closing at exit checkpoints the write-ahead log into kiln.db, so a cache directory left
     // by a finished process is one self-contained file (readable even where it cannot be written).

@@ -48,6 +48,9 @@ class KernelCache {
 
   // The cache of this process, from the environment; reopened in a child after fork().
   static KernelCache& process();
+  // Makes process() open the cache in Mode::kInspect: for commands that only read (kiln devices,
+  // env), which must create no directory or database. Call before anything uses the cache.
+  static void inspect_only_process();
 
   enum class Tier { kDisk, kSeed };
   struct Found {

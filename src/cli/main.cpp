@@ -4,7 +4,8 @@
 //   0 success; 1 internal or other error; 2 bad usage or invalid argument; 3 no kernel for the
 //   signature; 4 compile failed; 5 driver, device or compiler library unavailable; 6 the cache
 //   cannot be used or has problems (verify); 7 kiln check found an error above the bound;
-//   130 warm-up interrupted (Ctrl-C).
+//   130 warm-up interrupted (Ctrl-C; a second Ctrl-C exits at once).
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cache/cache_directory.hpp"
 #include "cache/kernel_cache.hpp"
 #include "cli/check_bench.hpp"
 #include "core/env.hpp"
@@ -283,8 +285,9 @@ int cmd_warmup(const WarmupCommand& c, bool as_json) {
   const bool terminal = ::isatty(2) != 0;
   options.on_progress = [terminal](const kiln::WarmupProgress& p) { show_progress(p, terminal); };
   // Ctrl-C stops new compiles; what finished is in the cache, and a rerun continues from there.
+  // A second Ctrl-C exits at once (an in-process compile, for one, cannot be cancelled).
   std::signal(SIGINT, [](int) {
-    interrupted.store(true);
+    if (interrupted.exchange(true)) ::_exit(130);
     kiln::detail::cancel_compiles();
   });
   const kiln::WarmupReport r = kiln::warmup(manifest, options);
@@ -342,6 +345,67 @@ int cmd_warmup(const WarmupCommand& c, bool as_json) {
   return r.failed || r.not_stored || !cache.persistent ? 1 : 0;
 }
 
+// Everything a bug report needs: versions, host, devices, compilers, the cache and its policy, and
+// every KILN_ variable set. Reads only: creates no cache directory or database.
+int cmd_env(const std::string& cache_dir, bool as_json) {
+  json j = {{"schema", 1}, {"kiln", {{"version", kiln_version()}, {"built_with", __VERSION__}}}};
+  struct utsname host {};
+  if (::uname(&host) == 0) j["host"] = {{"system", host.sysname}, {"release", host.release}, {"machine", host.machine}};
+  const kiln::DeviceReport report = kiln::detect_devices();
+  j["devices"] = json::array();
+  for (const auto& d : report.devices) j["devices"].push_back(platform_json(d));
+  j["device_notes"] = report.notes;
+  j["compilers"] = json::array();
+  for (const auto& c : kiln::available_compilers()) {
+    j["compilers"].push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
+  }
+  auto setting = [](auto read) -> json {
+    try {
+      return read();
+    } catch (const kiln::Error& e) {
+      return {{"error", e.message()}};
+    }
+  };
+  j["cache"] = setting([&] { return json(kiln::detail::cache_stats_json(kiln::cache_stats_of(cache_dir))); });
+  j["settings"] = {
+      {"jit", kiln::jit_settings().compile ? "on" : "off"},
+      {"cache_sharing",
+       setting([] { return json(kiln::detail::cache_sharing() == kiln::detail::CacheSharing::kGroup ? "group" : "user"); })},
+      {"trusted_keys", setting([] { return json(kiln::detail::trusted_keys_from_environment().size()); })},
+  };
+  j["environment"] = json::object();
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("KILN_", 0) == 0) j["environment"][entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
+  }
+  if (as_json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("kiln       {} (built with {})\n", kiln_version(), __VERSION__);
+  if (j.contains("host")) std::cout << fmt::format("host       {} {} {}\n", host.sysname, host.release, host.machine);
+  if (report.devices.empty()) std::cout << "devices    none that kiln can use\n";
+  for (const auto& d : report.devices) std::cout << fmt::format("device {}   {}\n", d.device_index, d.describe());
+  for (const auto& n : report.notes) std::cout << "note       " << n << "\n";
+  for (const auto& c : j["compilers"]) {
+    const std::string identity = c["identity"];
+    std::cout << fmt::format("compiler   {:<7} {}\n", std::string(c["compiler"]),
+                             identity.empty() ? "unavailable: " + std::string(c["note"]) : identity);
+  }
+  const json& cache = j["cache"];
+  if (cache.contains("error")) {
+    std::cout << "cache      " << std::string(cache["error"]) << "\n";
+  } else {
+    std::cout << fmt::format("cache      {} ({})\n", std::string(cache["directory"]),
+                             cache["persistent"].get<bool>() ? "a database" : "no database");
+  }
+  for (const auto& [name, value] : j["settings"].items()) {
+    std::cout << fmt::format("{:<10} {}\n", name, value.is_object() ? std::string(value["error"]) : value.dump());
+  }
+  for (const auto& [name, value] : j["environment"].items()) std::cout << fmt::format("env        {}={}\n", name, std::string(value));
+  return 0;
+}
+
 int cmd_manifests() {
   std::cout << fmt::format("{:<16} {:>10}  {}\n", "MODEL", "SIGNATURES", "DESCRIPTION");
   for (const auto& name : kiln::builtin_manifests()) {
@@ -361,6 +425,11 @@ int main(int argc, char** argv) {
   app.fallthrough();
   bool as_json = false;
 
+  app.footer(
+      "Exit codes: 0 success; 1 internal or other error (and warmup: a signature failed or was not stored); 2 bad usage "
+      "or invalid argument; 3 no kernel for the signature; 4 compile failed; 5 driver, device or compiler library "
+      "unavailable; 6 the cache cannot be used or has problems; 7 kiln check found an error above the bound; 130 "
+      "warm-up interrupted (Ctrl-C; a second Ctrl-C exits at once).");
   auto* devices = app.add_subcommand("devices", "Show the GPUs kiln can use and the offline targets");
   devices->add_flag("--json", as_json, "Machine-readable output");
 
@@ -388,6 +457,8 @@ int main(int argc, char** argv) {
   bool repair = false;
   std::string max_size_text;
   app.add_option("--cache", cache_dir, "Cache directory (default: KILN_CACHE_DIR, XDG_CACHE_HOME/kiln, ~/.cache/kiln)");
+  auto* env = app.add_subcommand("env", "Versions, devices, compilers, the cache and its settings: for bug reports");
+  env->add_flag("--json", as_json, "Machine-readable output");
   auto* cache = app.add_subcommand("cache", "Inspect and maintain the on-disk kernel cache");
   cache->require_subcommand(1);
   auto* cache_stats = cache->add_subcommand("stats", "Where the cache is, its state and size");
@@ -505,7 +576,9 @@ int main(int argc, char** argv) {
     if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
     if (*manifests) return cmd_manifests();
     if (*warmup) return cmd_warmup(warm, as_json);
+    if (*devices || *env) kiln::detail::KernelCache::inspect_only_process();  // they only read
     if (*devices) return cmd_devices(as_json);
+    if (*env) return cmd_env(cache_dir, as_json);
     if (*list) return cmd_list(family, as_json);
     if (*explain) return cmd_explain(op, sig, target, as_json);
     if (*compile) return cmd_compile(op, sig, target, output, as_json);
