@@ -56,7 +56,7 @@ TEST(CApi, ExplainAndListReturnJson) {
   ASSERT_EQ(kiln_list_kernels_json(&json), KILN_OK) << kiln_last_error();
   EXPECT_NE(std::string(json).find("attention.prefill.reference"), std::string::npos);
   kiln_free_string(json);
-  const char* sig = "dtype=bf16,kv_dtype=bf16,head_dim=128,group=8,page_size=16,q_len=1";
+  const char* sig = "dtype=bf16,kv_dtype=bf16,head_dim=128,group=8,page_size=16,q_len=1,window=0,sinks=0,softcap=0,lse=0";
   ASSERT_EQ(kiln_explain_json("mha_decode_with_kvcache", sig, "sm_90a", &json), KILN_OK) << kiln_last_error();
   EXPECT_NE(std::string(json).find("\"selected\": \"attention.decode.mma_split\""), std::string::npos) << json;
   kiln_free_string(json);
@@ -65,8 +65,19 @@ TEST(CApi, ExplainAndListReturnJson) {
   EXPECT_NE(std::string(json).find("platform: needs arch version >= 90; sm_80 is 80"), std::string::npos) << json;
   kiln_free_string(json);
   EXPECT_EQ(kiln_explain_json("mha_decode", "dtype=bf16", "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(kiln_explain_json("moe_apply", "dtype=bf16", "sm_13", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kiln_explain_json("mha_decode_with_kvcache", "dtype=bf16", "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("missing key 'kv_dtype'"), std::string::npos) << kiln_last_error();
+  const char* moe =
+      "dtype=bf16,weights=bf16,hidden=64,inter=64,experts=4,top_k=2,routing=topk_softmax,activation=silu_glu,"
+      "layout=concat,w13_bias=none,w2_bias=none";
+  EXPECT_EQ(kiln_explain_json("moe_apply", moe, "sm_13", &json), KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(kiln_last_error()).find("unknown arch 'sm_13'"), std::string::npos);
+  // One validator: a value no call can give is an argument error, not a signature no kernel takes.
+  EXPECT_EQ(kiln_explain_json("moe_apply", (std::string(moe) + ",renormalize=2").c_str(), "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("renormalize=2: a flag is 0 or 1"), std::string::npos) << kiln_last_error();
+  EXPECT_EQ(kiln_explain_json("moe_apply", (std::string(moe) + ",colour=red").c_str(), "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("unknown key 'colour' for moe_apply (its keys: dtype, weights"), std::string::npos)
+      << kiln_last_error();
 }
 
 TEST(CApi, OverrideOfUnknownOperatorIsRefused) {

@@ -227,7 +227,9 @@ TEST(Driver, MissingDriverIsAClearErrorWhileOfflineCompilesWork) {
                          "dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null")
                             .c_str()),
             0);
-  const int rc = std::system((env + cli + " explain mha_prefill --sig dtype=bf16,head_dim=64 > /dev/null 2>&1").c_str());
+  const int rc = std::system(
+      (env + cli + " explain mha_prefill --sig dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null 2>&1")
+          .c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 5) << "no target and no driver: exit code 5";
 }
 

@@ -85,6 +85,13 @@ TEST(Manifest, ErrorsNameFileLineAndField) {
             "m.json:8: operators[0].signature.kv_dtype: sign");
   EXPECT_EQ(manifest_error(with("\"q_len\": 1,", "\"q_len\": 1,,")).substr(0, 30), "m.json:9: not valid JSON: [jso");
   EXPECT_EQ(manifest_error("[]"), "m.json:1: the manifest must be a JSON object");
+  // Values go through the one signature validator the CLI and the C ABI use.
+  EXPECT_EQ(manifest_error(with("\"group\": 8", "\"group\": 0")),
+            "m.json:7: operators[0].signature: signature: group=0: expected a whole number of at least 1");
+  EXPECT_EQ(manifest_error(with("\"lse\": false", "\"lse\": 7")),
+            "m.json:7: operators[0].signature: signature: lse=7: a flag is 0 or 1 (or false, true)");
+  EXPECT_NE(manifest_error(with("\"bf16\", \"e4m3\"", "\"bf16\", \"e4m4\"")).find("kv_dtype=e4m4: expected one of bf16, f16"),
+            std::string::npos);
 }
 
 // The probe's manifests that took gigabytes, a stack overflow or 2.2e10 signatures: each is now

@@ -31,5 +31,10 @@ struct SignatureKeys {
   std::vector<std::string> optional;
 };
 SignatureKeys signature_keys(const OperatorId& op);
+// Checks a signature written by hand (the CLI's --sig, kiln_explain_json, manifests) against its
+// operator: kiln::Error(kInvalidArgument) for an unknown or missing key (naming the full set) or a
+// value no call can give (a flag not 0/1, a number below 1, an unknown name). A valid signature
+// that no kernel accepts is not an error here: selecting it fails with kNoKernel.
+void validate_signature(const Signature& sig);
 
 }  // namespace kiln

@@ -240,9 +240,13 @@ def test_list_and_explain():
     sig = "dtype=bf16,head_dim=64,group=8,causal=true,window=true,sinks=true,softcap=false,lse=false"
     ex = kiln.explain("mha_prefill", sig, target="sm_90a")
     assert ex["selected"].startswith("attention.prefill.")
-    refused = kiln.explain("mha_prefill", "dtype=bf17", target="sm_90a")
-    assert refused["selected"] is None
-    assert any("dtype bf17 unsupported" in c["reason"] for c in refused["candidates"])
+    refused = kiln.explain("mha_prefill", sig.replace("dtype=bf16", "dtype=f32"), target="sm_90a")
+    assert refused["selected"] is None  # a valid signature no kernel takes
+    assert any("dtype f32 unsupported" in c["reason"] for c in refused["candidates"])
+    for bad, named in (("dtype=bf17", "dtype=bf17: expected one of"), ("dtype=bf16", "missing key 'head_dim'"),
+                       (sig.replace("group=8", "group=0"), "group=0"), (sig + ",bogus=1", "unknown key 'bogus'")):
+        with pytest.raises(kiln.InvalidArgumentError, match=named):
+            kiln.explain("mha_prefill", bad, target="sm_90a")
     with pytest.raises(kiln.InvalidArgumentError, match="mha_nothing"):
         kiln.explain("mha_nothing", sig, target="sm_90a")
 

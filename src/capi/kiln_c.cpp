@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/author.hpp"
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
@@ -276,6 +277,7 @@ kiln_status kiln_explain_json(const char* op, const char* signature, const char*
     require(signature, "signature");
     require(json_out, "json_out");
     const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), signature);
+    kiln::validate_signature(sig);
     *json_out = copy_string(kiln::Registry::global().explain(sig, platform_named_or_current(target)).to_json());
   });
 }

@@ -131,6 +131,7 @@ int cmd_list(const std::string& family, bool as_json) {
 
 int cmd_explain(const std::string& op, const std::string& sig_text, const std::string& target, bool as_json) {
   const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
+  kiln::validate_signature(sig);
   const kiln::Explanation ex = kiln::Registry::global().explain(sig, resolve_target(target));
   std::cout << (as_json ? ex.to_json() + "\n" : ex.to_text());
   return ex.selected ? 0 : 3;
@@ -138,6 +139,7 @@ int cmd_explain(const std::string& op, const std::string& sig_text, const std::s
 
 int cmd_compile(const std::string& op, const std::string& sig_text, const std::string& target, const std::string& output, bool as_json) {
   const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
+  kiln::validate_signature(sig);
   const std::string arch = target.empty() ? resolve_target("").arch : target;
   const kiln::CompiledKernel k = kiln::compile_for_target(sig, arch);
   if (!output.empty()) {
@@ -272,6 +274,7 @@ int cmd_warmup(const WarmupCommand& c, bool as_json) {
     manifest.source = "--op/--sig";
     manifest.model = c.op;
     manifest.signatures.push_back(kiln::Signature::parse(kiln::operator_from_name(c.op), c.sig));
+    kiln::validate_signature(manifest.signatures.back());
   }
   if (c.check) {
     kiln::JitSettings settings = kiln::jit_settings();

@@ -4,10 +4,16 @@
 // mean equal signatures.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "jit/operator_call.hpp"
 #include "kiln/author.hpp"
@@ -63,6 +69,49 @@ struct SignatureTable {
       key.fields[i] = f.present != nullptr && !f.present(args) ? kAbsentField : f.value(args);
     }
     return key;
+  }
+
+  // The one check of a signature written by hand (the CLI's --sig, kiln_explain_json, manifests):
+  // throws kInvalidArgument naming the first key the operator does not have, a required key that
+  // is missing (with the full set), or a value no call can give: a flag other than 0 or 1, a
+  // number below 1, a name the field never takes (with those it does).
+  void validate(const Signature& sig, const std::string& op_name) const {
+    const SignatureKeys k = keys();
+    const std::string all = fmt::format("{}{}{}", fmt::join(k.required, ", "), k.optional.empty() ? "" : ", ", fmt::join(k.optional, ", "));
+    auto fail = [](const std::string& why) { throw Error(ErrorCode::kInvalidArgument, "signature: " + why); };
+    for (const auto& [key, value] : sig.fields()) {
+      const SignatureField<Args>* field = nullptr;
+      for (const auto& f : fields) {
+        if (key == f.key) field = &f;
+      }
+      if (field == nullptr) fail(fmt::format("unknown key '{}' for {} (its keys: {})", key, op_name, all));
+      switch (field->text) {
+        case FieldText::kFlag:
+          if (value != "0" && value != "1" && value != "true" && value != "false")
+            fail(fmt::format("{}={}: a flag is 0 or 1 (or false, true)", key, value));
+          break;
+        case FieldText::kNumber: {
+          int64_t number = 0;
+          const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+          if (error != std::errc() || end != value.data() + value.size() || number < 1)
+            fail(fmt::format("{}={}: expected a whole number of at least 1", key, value));
+          break;
+        }
+        case FieldText::kName: {
+          std::vector<std::string> names;
+          for (int64_t v = -1; v < 64; ++v) {  // every value the field's enumeration or dtype can hold
+            const std::string name = field->name_of(v);
+            if (name != "invalid" && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+          }
+          if (std::find(names.begin(), names.end(), value) == names.end())
+            fail(fmt::format("{}={}: expected one of {}", key, value, fmt::join(names, ", ")));
+          break;
+        }
+      }
+    }
+    for (const auto& key : k.required) {
+      if (!sig.has(key)) fail(fmt::format("missing key '{}' (a {} signature has {})", key, op_name, all));
+    }
   }
 
   SignatureKeys keys() const {

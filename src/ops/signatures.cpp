@@ -123,6 +123,16 @@ Signature signature_of(const MhaExtendArgs& args) { return detail::extend_signat
 Signature signature_of(const KvAppendArgs& args) { return detail::kv_append_signature_table().signature(args); }
 Signature signature_of(const MoeArgs& args) { return detail::moe_signature_table().signature(args); }
 
+void validate_signature(const Signature& sig) {
+  const std::string name = operator_name(sig.op());
+  if (sig.op() == detail::prefill_signature_table().op) return detail::prefill_signature_table().validate(sig, name);
+  if (sig.op() == detail::decode_signature_table().op) return detail::decode_signature_table().validate(sig, name);
+  if (sig.op() == detail::extend_signature_table().op) return detail::extend_signature_table().validate(sig, name);
+  if (sig.op() == detail::kv_append_signature_table().op) return detail::kv_append_signature_table().validate(sig, name);
+  if (sig.op() == detail::moe_signature_table().op) return detail::moe_signature_table().validate(sig, name);
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("operator {}.{} has no signature", sig.op().family, sig.op().mode));
+}
+
 SignatureKeys signature_keys(const OperatorId& op) {
   if (op == detail::prefill_signature_table().op) return detail::prefill_signature_table().keys();
   if (op == detail::decode_signature_table().op) return detail::decode_signature_table().keys();
