@@ -231,6 +231,13 @@ TEST(Driver, MissingDriverIsAClearErrorWhileOfflineCompilesWork) {
       (env + cli + " explain mha_prefill --sig dtype=bf16,head_dim=64,group=1,causal=0,window=0,sinks=0,softcap=0,lse=0 > /dev/null 2>&1")
           .c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 5) << "no target and no driver: exit code 5";
+  // check and bench read their arguments before they look for a GPU: a bad one is exit 2 here too.
+  for (const char* args : {" check mha_prefill --shape bogus=1", " bench moe_apply --shape tokens=0", " check mha_nothing"}) {
+    const int status = std::system((env + cli + args + " > /dev/null 2>&1").c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args;
+  }
+  EXPECT_EQ(WEXITSTATUS(std::system((env + cli + " check mha_prefill --shape batch=2 > /dev/null 2>&1").c_str())), 5)
+      << "a good shape without a GPU: exit code 5";
 }
 
 TEST(Driver, OperatorCallWithoutDriverNamesLibcuda) {

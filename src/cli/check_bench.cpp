@@ -54,7 +54,9 @@ int driver_version() { return detail::launch_backend().runtime_version(); }
 }  // namespace
 
 int run_check(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, bool as_json) {
-  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);  // a bad argument is reported with or without a GPU
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
+  tools::ShapeArgs unchecked = shape;
+  tools::make_problem(op_name, unchecked, seed, false);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
   auto problem = tools::make_problem(op_name, shape, seed);
   const Signature sig = problem->signature();
@@ -109,7 +111,9 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
 
 int run_bench(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, double target_ms,
               bool as_json) {
-  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);  // a bad argument is reported with or without a GPU
+  tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
+  tools::ShapeArgs unchecked = shape;
+  tools::make_problem(op_name, unchecked, seed, false);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
   auto problem = tools::make_problem(op_name, shape, seed);
   const Signature sig = problem->signature();

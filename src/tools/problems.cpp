@@ -118,7 +118,6 @@ class PrefillProblem : public Problem {
     if (batch_ < 1 || seqlen_q_ < 1 || seqlen_k_ < 1 || hq_ < 1 || hkv_ < 1 || d_ < 8) {
       throw Error(ErrorCode::kInvalidArgument, "--shape: batch, seqlen, heads and head_dim must be positive");
     }
-    ensure_sets(1);
   }
   void ensure_sets(int count) override {
     while (static_cast<int>(sets_.size()) < count) add_set();
@@ -219,7 +218,6 @@ class DecodeProblem : public Problem {
       throw Error(ErrorCode::kInvalidArgument, "--shape: need batch >= 1, page_size >= 1, 1 <= q_len <= context");
     }
     max_pages_ = (context_ + page_ - 1) / page_;
-    ensure_sets(1);
   }
   void ensure_sets(int count) override {
     while (static_cast<int>(sets_.size()) < count) add_set();
@@ -355,7 +353,6 @@ class MoeProblem : public Problem {
     if (tokens_ < 1 || hidden_ < 32 || inter_ < 32 || experts_ < 1 || top_k_ < 1 || top_k_ > experts_) {
       throw Error(ErrorCode::kInvalidArgument, "--shape: need tokens >= 1, hidden and inter >= 32, 1 <= top_k <= experts");
     }
-    ensure_sets(1);
   }
   void ensure_sets(int count) override {
     while (static_cast<int>(sets_.size()) < count) add_set();
@@ -578,7 +575,7 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
   return shape;
 }
 
-std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed) {
+std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed, bool allocate) {
   std::unique_ptr<Problem> p;
   if (op == "mha_prefill") {
     p = std::make_unique<PrefillProblem>(shape, seed);
@@ -590,6 +587,7 @@ std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, u
     operator_from_name(op);  // throws, listing the operators
   }
   shape.check_all_used(op);
+  if (allocate) p->ensure_sets(1);
   return p;
 }
 

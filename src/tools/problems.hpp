@@ -53,7 +53,10 @@ class Problem {
   virtual double tolerance() const = 0;  // relative error bound for the output dtype
 };
 
-std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed);
+// The problem an operator name and --shape describe, its first input set allocated and filled
+// (`allocate` false: the shape read and checked only, nothing on a device, e.g. before a GPU is
+// looked for, so a bad argument is reported as such on any machine).
+std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed, bool allocate = true);
 
 // A --shape text whose problem has exactly this signature (for kiln check/bench --manifest):
 // modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE), two KV heads.
