@@ -570,10 +570,10 @@ TEST_F(CacheTest, ProcessKilledMidCompileLeavesNoLock) {
 
 TEST_F(CacheTest, FullDiskKeepsServingFromMemory) {
   fs::create_directories(dir_);
-  // A file-size limit of 24 KiB: the database can be created but the 15 KiB CUBIN row cannot be
+  // A file-size limit of 48 KiB: the database can be created but the 15 KiB CUBIN row cannot be
   // written. SIGXFSZ is ignored so the write fails with EFBIG, as on a full disk.
   const std::string cmd = fmt::format(
-      "bash -c 'trap \"\" XFSZ; ulimit -f 24; KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a "
+      "bash -c 'trap \"\" XFSZ; ulimit -f 48; KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a "
       "--json --sig {} > {}/out 2> {}/err'",
       dir(), KILN_TEST_CLI, kPrefillSig, dir_.string(), dir_.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << file_bytes(dir_.string() + "/err");
@@ -707,6 +707,13 @@ void forge_binary(const std::string& bundle, const std::string& kernel, const st
   sqlite3_close(db);
 }
 
+bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
+  for (const auto& line : lines) {
+    if (line.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
@@ -716,11 +723,23 @@ class ScopedEnv {
   const char* name_;
 };
 
-bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
-  for (const auto& line : lines) {
-    if (line.find(needle) != std::string::npos) return true;
+TEST_F(CacheTest, VerifyWithoutRepairOnlyReads) {
+  EXPECT_THROW(cache_verify(false, dir("absent")), Error);
+  EXPECT_FALSE(fs::exists(dir("absent"))) << "verify created the directory it was asked about";
+  {
+    KernelCache cache(dir(), {}, 1 << 30, Mode::kServe);
+    cache.publish(row(1));
   }
-  return false;
+  std::vector<std::string> before;
+  for (const auto& e : fs::directory_iterator(dir())) before.push_back(e.path().filename().string());
+  const CacheVerifyReport r = cache_verify(false, dir());
+  EXPECT_EQ(r.checked, 1u);
+  EXPECT_TRUE(r.problems.empty());
+  std::vector<std::string> after;
+  for (const auto& e : fs::directory_iterator(dir())) after.push_back(e.path().filename().string());
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before) << "verify without --repair wrote a file";
 }
 
 TEST_F(CacheTest, SchemaOneDatabasesGainRowSignaturesAndKeepTheirRows) {
@@ -735,6 +754,16 @@ TEST_F(CacheTest, SchemaOneDatabasesGainRowSignaturesAndKeepTheirRows) {
   cache_export(dir("signed.kiln"), "", "", dir());  // the bundle has the table too
   raw_sql(dir() + "/kiln.db", "SELECT count(*) FROM row_signatures");
   raw_sql(dir("signed.kiln"), "SELECT count(*) FROM row_signatures");
+  // Bundles and seeds written by a kiln of schema 1 are read as they are (read-only, never upgraded).
+  const std::string old_bundle = dir("schema1.kiln");
+  cache_export(old_bundle, "", "", dir());
+  raw_sql(old_bundle, "DROP TABLE row_signatures; PRAGMA user_version = 1;");
+  EXPECT_EQ(cache_import(old_bundle, dir("importer")).imported, 1u);
+  KernelCache seeded(dir("seeded"), {old_bundle}, 1 << 30, Mode::kServe);
+  EXPECT_TRUE(seeded.lookup(row(1).key, "sm_90a", kCompiler));
+  ScopedEnv trusted("KILN_CACHE_TRUSTED_KEYS", std::string(64, 'c'));
+  KernelCache trusting(dir("trusting"), {old_bundle}, 1 << 30, Mode::kServe);
+  EXPECT_FALSE(trusting.lookup(row(1).key, "sm_90a", kCompiler)) << "a schema-1 row carries no signature";
 }
 
 TEST_F(CacheTest, ImportTakesOnlyRowsSignedByATrustedKeyWhenKeysAreSet) {

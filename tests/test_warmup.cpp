@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,38 @@ TEST(Manifest, BuiltinsCoverTheModels) {
     EXPECT_GE(m.signatures.size(), 5u);
   }
   EXPECT_THROW(load_manifest("gpt-oss-121b"), Error);
+}
+
+// The progress a warm-up reports names each signature while it compiles, before it finishes.
+TEST(WarmupProgress, NamesWhatIsCompilingBeforeItFinishes) {
+  const Manifest m = parse_manifest(R"({"kiln_manifest": 1, "model": "p", "operators": [
+      {"op": "kv_cache_append", "signature": {"dtype": ["bf16", "f16"], "kv_dtype": "e4m3"}}]})",
+                                    "p.json");
+  WarmupOptions options;
+  options.targets = {"sm_90a"};
+  options.jobs = 1;
+  std::vector<std::pair<bool, std::string>> events;  // (finished, signature)
+  options.on_progress = [&](const WarmupProgress& p) {
+    if (p.last != nullptr) {
+      events.emplace_back(true, p.last->signature);
+      EXPECT_TRUE(p.running.empty()) << "one job: nothing else runs when an item finishes";
+    }
+    for (const auto& r : p.running) {
+      EXPECT_EQ(r.target, "sm_90a");
+      EXPECT_GE(r.seconds, 0.0);
+      if (p.last == nullptr) events.emplace_back(false, r.signature);
+    }
+  };
+  const WarmupReport report = warmup(m, options);
+  ASSERT_EQ(report.failed, 0u);
+  ASSERT_EQ(report.items.size(), 2u);
+  for (const auto& item : report.items) {
+    const auto started = std::find(events.begin(), events.end(), std::make_pair(false, item.signature));
+    const auto finished = std::find(events.begin(), events.end(), std::make_pair(true, item.signature));
+    ASSERT_NE(started, events.end()) << item.signature;
+    ASSERT_NE(finished, events.end()) << item.signature;
+    EXPECT_LT(started - events.begin(), finished - events.begin());
+  }
 }
 
 class WarmupTest : public ::testing::Test {

@@ -66,7 +66,14 @@ struct WarmupItem {
 struct WarmupProgress {
   size_t done = 0, total = 0, compiled = 0, cached = 0, shared = 0, failed = 0;
   double elapsed_seconds = 0;
+  // The item that just finished; null in the reports made when an item starts and about once a
+  // second while items run, which only update `running`.
   const WarmupItem* last = nullptr;
+  struct Running {
+    std::string signature, target;
+    double seconds = 0;  // since the item started
+  };
+  std::vector<Running> running;  // the items in flight, longest-running first
 };
 
 struct WarmupOptions {

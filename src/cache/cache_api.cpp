@@ -34,7 +34,10 @@ CacheStats cache_stats_of(const std::string& directory) { return inspecting_cach
 
 std::vector<CacheEntry> cache_list(const std::string& directory) { return inspecting_cache(directory)->list(); }
 
-CacheVerifyReport cache_verify(bool repair, const std::string& directory) { return strict_cache(directory).verify(repair); }
+// Without repair, verification only reads: it creates nothing and works on a read-only cache.
+CacheVerifyReport cache_verify(bool repair, const std::string& directory) {
+  return repair ? strict_cache(directory).verify(true) : inspecting_cache(directory)->verify(false);
+}
 
 uint64_t cache_prune(uint64_t max_bytes, const std::string& directory) { return strict_cache(directory).prune(max_bytes); }
 

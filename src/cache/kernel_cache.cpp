@@ -321,7 +321,10 @@ sqlite3* open_cache_database(const std::string& path, bool writable, bool networ
       const int64_t app = pragma_int(db, "application_id");
       const int64_t version = pragma_int(db, "user_version");
       if (app != kApplicationId) throw cache_error(fmt::format("not a kiln cache (application_id {})", app));
-      if (version != kSchemaVersion) throw cache_error(fmt::format("cache schema {}, this kiln reads {}", version, kSchemaVersion));
+      // Read-only, every schema from 1 on reads: later versions only added tables (schema 1 has no
+      // row_signatures, so none of its rows is signed).
+      if (version < 1 || version > kSchemaVersion)
+        throw cache_error(fmt::format("cache schema {}, this kiln reads 1 to {}", version, kSchemaVersion));
     }
   } catch (const Error& e) {
     throw fail(e.message());

@@ -240,9 +240,16 @@ void show_progress(const kiln::WarmupProgress& p, bool terminal) {
   if (terminal) {
     const int width = 30;
     const int filled = p.total ? static_cast<int>(width * p.done / p.total) : width;
-    std::fprintf(stderr, "\r[%s%s] %zu/%zu  compiled %zu  cached %zu  shared %zu  failed %zu  %.1f/s  ETA %.0fs   ",
+    // What compiles now (the longest-running item) and for how long, cut to fit a line.
+    std::string now;
+    if (!p.running.empty()) {
+      const auto& r = p.running.front();
+      now = fmt::format("  {} {} {:.1f}s{}", r.target, r.signature.substr(0, 60), r.seconds,
+                        p.running.size() > 1 ? fmt::format(" (+{})", p.running.size() - 1) : "");
+    }
+    std::fprintf(stderr, "\r\033[K[%s%s] %zu/%zu  compiled %zu  cached %zu  shared %zu  failed %zu  %.1f/s  ETA %.0fs%s",
                  std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), '.').c_str(),
-                 p.done, p.total, p.compiled, p.cached, p.shared, p.failed, rate, eta);
+                 p.done, p.total, p.compiled, p.cached, p.shared, p.failed, rate, eta, now.c_str());
     if (p.done == p.total) std::fprintf(stderr, "\n");
   } else if (p.last != nullptr) {
     static const char* names[] = {"compiled", "cached", "shared", "FAILED", "cancelled"};

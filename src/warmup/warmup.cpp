@@ -39,13 +39,39 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
   std::atomic<size_t> next{0};
   const size_t per_target = manifest.signatures.size();
 
-  std::function<void(const WarmupProgress&)> on_progress = options.on_progress;  // guarded by `mutex`
+  std::function<void(const WarmupProgress&)> on_progress = options.on_progress;     // guarded by `mutex`
+  std::vector<std::pair<size_t, std::chrono::steady_clock::time_point>> in_flight;  // guarded by `mutex`
+  // Reports progress under `mutex`: the counters, and what is compiling and for how long.
+  auto report_locked = [&](const WarmupItem* last) {
+    const auto now = std::chrono::steady_clock::now();
+    progress.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+    progress.last = last;
+    progress.running.clear();
+    for (const auto& [index, since] : in_flight) {
+      progress.running.push_back(
+          {report.items[index].signature, report.items[index].target, std::chrono::duration<double>(now - since).count()});
+    }
+    std::sort(progress.running.begin(), progress.running.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    if (!on_progress) return;
+    try {
+      on_progress(progress);
+    } catch (...) {
+      // The caller's callback must not end the process from a worker thread; it is dropped.
+      on_progress = nullptr;
+      log(LogLevel::kWarn, "kiln warmup: the progress callback threw; progress reports stop");
+    }
+  };
   auto work = [&] {
     while (true) {
       const size_t i = next.fetch_add(1);
       if (i >= report.items.size()) return;
       WarmupItem& item = report.items[i];
       const auto item_start = std::chrono::steady_clock::now();
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        in_flight.emplace_back(i, item_start);
+        report_locked(nullptr);
+      }
       if (options.cancel != nullptr && options.cancel->load()) {
         item.status = WarmupItem::Status::kCancelled;
       } else {
@@ -78,17 +104,8 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
       progress.cached += item.status == WarmupItem::Status::kCached;
       progress.shared += item.status == WarmupItem::Status::kShared;
       progress.failed += item.status == WarmupItem::Status::kFailed;
-      progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      progress.last = &item;
-      if (on_progress) {
-        try {
-          on_progress(progress);
-        } catch (...) {
-          // The caller's callback must not end the process from a worker thread; it is dropped.
-          on_progress = nullptr;
-          log(LogLevel::kWarn, "kiln warmup: the progress callback threw; progress reports stop");
-        }
-      }
+      in_flight.erase(std::find_if(in_flight.begin(), in_flight.end(), [&](const auto& f) { return f.first == i; }));
+      report_locked(&item);
     }
   };
   std::vector<std::thread> threads;
@@ -102,6 +119,13 @@ WarmupReport warmup(const Manifest& manifest, const WarmupOptions& options) {
     }
   }
   if (threads.empty()) work();
+  // About once a second while items run, a report that only moves their elapsed times on.
+  for (int tick = 1; !threads.empty(); ++tick) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::lock_guard<std::mutex> lock(mutex);
+    if (progress.done == progress.total) break;
+    if (tick % 10 == 0 && !in_flight.empty()) report_locked(nullptr);
+  }
   for (auto& t : threads) t.join();
 
   for (const auto& item : report.items) {
