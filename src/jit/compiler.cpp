@@ -407,7 +407,20 @@ CompileResult read_worker_reply(const CompileRequest& request, const std::vector
 
 CompileResult compile(const CompileRequest& request, const JitSettings& settings) {
   if (settings.isolation == CompileIsolation::kInProcess) return compile_in_this_process(request, settings.timeout_seconds);
-  const std::string worker = settings.worker_path.empty() ? default_worker_path() : settings.worker_path;
+  if (!settings.worker_path.empty()) return compile_in_worker(request, settings.worker_path, settings.timeout_seconds);
+  // The worker where kiln installs it beside the library (for a program linked with kiln_static:
+  // beside the program, as when it is installed under kiln's prefix). A program that has none
+  // there compiles in its own process, once warned: what KILN_COMPILE_WORKER would give it.
+  const std::string worker = default_worker_path();
+  if (::access(worker.c_str(), X_OK) != 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log(LogLevel::kWarn, fmt::format("kiln: no compile worker at {} (set KILN_COMPILE_WORKER to kiln's libexec/kiln/"
+                                       "kiln-compile-worker); compiling in this process, where a compiler crash ends it",
+                                       worker));
+    });
+    return compile_in_this_process(request, settings.timeout_seconds);
+  }
   return compile_in_worker(request, worker, settings.timeout_seconds);
 }
 

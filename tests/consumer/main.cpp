@@ -1,4 +1,4 @@
-// An embedding project: finds kiln with find_package, lists kernels, selects and validates.
+// An embedding project: finds kiln with find_package, lists kernels, selects, compiles and validates.
 #include <cstdio>
 
 #include <kiln/kiln.h>
@@ -15,6 +15,12 @@ int main() {
   sig.set("dtype", "bf16").set("head_dim", int64_t{128}).set("group", int64_t{8});
   for (const char* flag : {"causal", "window", "sinks", "softcap", "lse"}) sig.set_flag(flag, false);
   const auto chosen = kiln::Registry::global().select(sig, kiln::platform_for_target("sm_90a"));
+  // A real compile through the run-time compiler (no GPU needed): through the compile worker, or
+  // in this process when none is where kiln looks (the static library, uninstalled).
+  const kiln::CompiledKernel compiled = kiln::compile_for_target(sig, "sm_90a");
+  std::printf("compiled %s for %s: %zu bytes (%s)\n", compiled.kernel.c_str(), compiled.target.c_str(), compiled.binary.size(),
+              compiled.origin.c_str());
+  if (compiled.binary.empty()) return 1;
   // The C ABI reports a bad call with a status and a message.
   kiln_mha_prefill_args args{};
   const kiln_status status = kiln_mha_prefill(&args, nullptr);
