@@ -600,7 +600,7 @@ TEST_F(CacheTest, BundleFilesAreRegularFilesNamedExactlyAndKeysPrintAlike) {
   ASSERT_EQ(rc, 0) << compiled;
   const std::string listed = cli(fmt::format("--cache {} cache ls --json", dir("a")), &rc);
   ASSERT_EQ(rc, 0) << listed;
-  EXPECT_EQ(nlohmann::json::parse(listed).at(0).at("key"), nlohmann::json::parse(compiled).at("key"));
+  EXPECT_EQ(nlohmann::json::parse(listed).at("entries").at(0).at("key"), nlohmann::json::parse(compiled).at("key"));
 
   const std::string odd = (dir_ / "pct%41?x#y.kiln").string();
   std::string out = cli(fmt::format("--cache {} cache export '{}'", dir("a"), odd), &rc);

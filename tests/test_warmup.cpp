@@ -364,6 +364,26 @@ TEST_F(WarmupTest, CommandLineConventions) {
   run(fmt::format("--cache {} devices", fresh), &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_FALSE(fs::exists(fresh)) << "env and devices only read";
+  // --json on every command: one object, its shape versioned by "schema".
+  const std::string sig = "dtype=bf16,kv_dtype=bf16";
+  for (const std::string& command : std::vector<std::string>{
+           "devices", "list", "manifests", "env", "cache stats", "cache ls", "cache verify", "cache prune --max-size 1G", "cache clear",
+           "explain kv_cache_append --target sm_90a --sig " + sig, "compile kv_cache_append --target sm_90a --sig " + sig,
+           "warmup --op kv_cache_append --target sm_90a --sig " + sig, "warmup --check --op kv_cache_append --target sm_90a --sig " + sig,
+           "cache export " + (dir_ / "all.kiln").string(), "cache import " + (dir_ / "all.kiln").string(),
+           "cache keygen " + (dir_ / "release").string()}) {
+    int status = 0;  // stdout alone: progress goes to stderr
+    out = shell(fmt::format("sh -c 'KILN_CACHE_DIR={}/cache {} {} --json 2> /dev/null'", dir_.string(), KILN_TEST_CLI, command), &status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << command << ": " << out;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(out);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << command << " --json printed no JSON: " << out;
+      continue;
+    }
+    EXPECT_TRUE(j.is_object() && j.value("schema", 0) == 1) << command << ": " << out;
+  }
 }
 
 TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.hpp"
+#include "cli/json_output.hpp"
 #include "kiln/author.hpp"
 #include "kiln/kiln.hpp"
 #include "tools/device_buffer.hpp"
@@ -78,21 +79,19 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
   const double bound = problem->tolerance();
   const bool pass = vs_reference < bound && (!small || (vs_float64 < bound && reference_vs_float64 < bound));
   if (as_json) {
-    std::cout << json{{"op", op_name},
-                      {"shape", shape.describe()},
-                      {"seed", seed},
-                      {"signature", sig.canonical()},
-                      {"kernel", selected},
-                      {"reference", reference},
-                      {"device", platform.device_name},
-                      {"target", platform.arch},
-                      {"error_vs_reference", vs_reference},
-                      {"error_vs_float64", small ? json(vs_float64) : json(nullptr)},
-                      {"reference_error_vs_float64", small ? json(reference_vs_float64) : json(nullptr)},
-                      {"bound", bound},
-                      {"pass", pass}}
-                     .dump(2)
-              << "\n";
+    print_json({{"op", op_name},
+                {"shape", shape.describe()},
+                {"seed", seed},
+                {"signature", sig.canonical()},
+                {"kernel", selected},
+                {"reference", reference},
+                {"device", platform.device_name},
+                {"target", platform.arch},
+                {"error_vs_reference", vs_reference},
+                {"error_vs_float64", small ? json(vs_float64) : json(nullptr)},
+                {"reference_error_vs_float64", small ? json(reference_vs_float64) : json(nullptr)},
+                {"bound", bound},
+                {"pass", pass}});
   } else {
     std::cout << fmt::format("{} on {} ({}), seed {}\nshape     {}\nsignature {}\n", op_name, platform.device_name, platform.arch, seed,
                              shape.describe(), sig.canonical());
@@ -158,14 +157,23 @@ int run_bench(const std::string& op_name, const std::string& shape_text, uint64_
   const tools::Work w = problem->work();
   const double tflops = w.flops / (median * 1e-3) / 1e12, tbps = w.bytes / (median * 1e-3) / 1e12;
   if (as_json) {
-    std::cout << json{{"op", op_name},           {"shape", shape.describe()},  {"signature", sig.canonical()},
-                      {"kernel", selected},      {"key", compiled.key},        {"device", platform.device_name},
-                      {"target", platform.arch}, {"driver", driver_version()}, {"runs", runs},
-                      {"buffer_sets", sets},     {"median_ms", median},        {"p10_ms", pct(0.1)},
-                      {"p90_ms", pct(0.9)},      {"flops", w.flops},           {"bytes", w.bytes},
-                      {"tflops", tflops},        {"tbytes_per_s", tbps}}
-                     .dump(2)
-              << "\n";
+    print_json({{"op", op_name},
+                {"shape", shape.describe()},
+                {"signature", sig.canonical()},
+                {"kernel", selected},
+                {"key", compiled.key},
+                {"device", platform.device_name},
+                {"target", platform.arch},
+                {"driver", driver_version()},
+                {"runs", runs},
+                {"buffer_sets", sets},
+                {"median_ms", median},
+                {"p10_ms", pct(0.1)},
+                {"p90_ms", pct(0.9)},
+                {"flops", w.flops},
+                {"bytes", w.bytes},
+                {"tflops", tflops},
+                {"tbytes_per_s", tbps}});
   } else {
     std::cout << fmt::format("{} on {} ({}, driver {})\nshape   {}\nkernel  {} (key {})\n", op_name, platform.device_name, platform.arch,
                              driver_version(), shape.describe(), selected, compiled.key);

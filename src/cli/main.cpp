@@ -23,6 +23,7 @@
 #include "cache/cache_directory.hpp"
 #include "cache/kernel_cache.hpp"
 #include "cli/check_bench.hpp"
+#include "cli/json_output.hpp"
 #include "core/env.hpp"
 #include "jit/compiler.hpp"
 #include "kiln/author.hpp"
@@ -78,7 +79,7 @@ int cmd_devices(bool as_json) {
     for (const auto& c : kiln::available_compilers()) {
       j["compilers"].push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
     }
-    std::cout << j.dump(2) << "\n";
+    kiln::cli::print_json(j);
     return 0;
   }
   if (report.devices.empty()) std::cout << "No GPU that kiln can use was found.\n";
@@ -125,7 +126,7 @@ int cmd_list(const std::string& family, bool as_json) {
                                kiln::priority_name(k->priority), kiln::vendor_name(r.vendor), arch, k->origin);
     }
   }
-  if (as_json) std::cout << list.dump(2) << "\n";
+  if (as_json) kiln::cli::print_json(list, "kernels");
   return 0;
 }
 
@@ -133,7 +134,11 @@ int cmd_explain(const std::string& op, const std::string& sig_text, const std::s
   const kiln::Signature sig = kiln::Signature::parse(kiln::operator_from_name(op), sig_text);
   kiln::validate_signature(sig);
   const kiln::Explanation ex = kiln::Registry::global().explain(sig, resolve_target(target));
-  std::cout << (as_json ? ex.to_json() + "\n" : ex.to_text());
+  if (as_json) {
+    kiln::cli::print_json(json::parse(ex.to_json()));
+  } else {
+    std::cout << ex.to_text();
+  }
   return ex.selected ? 0 : 3;
 }
 
@@ -148,18 +153,16 @@ int cmd_compile(const std::string& op, const std::string& sig_text, const std::s
     if (!out) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--output: cannot write " + output);
   }
   if (as_json) {
-    std::cout << json{{"kernel", k.kernel},
-                      {"signature", k.signature},
-                      {"target", k.target},
-                      {"key", k.key},
-                      {"name_expression", k.name_expression},
-                      {"lowered_name", k.lowered_name},
-                      {"compiler", k.compiler},
-                      {"binary_bytes", k.binary.size()},
-                      {"compile_ms", k.compile_ms},
-                      {"origin", k.origin}}
-                     .dump(2)
-              << "\n";
+    kiln::cli::print_json({{"kernel", k.kernel},
+                           {"signature", k.signature},
+                           {"target", k.target},
+                           {"key", k.key},
+                           {"name_expression", k.name_expression},
+                           {"lowered_name", k.lowered_name},
+                           {"compiler", k.compiler},
+                           {"binary_bytes", k.binary.size()},
+                           {"compile_ms", k.compile_ms},
+                           {"origin", k.origin}});
   } else {
     std::cout << fmt::format(
         "kernel   {}\nsignature {}\ntarget   {}\nkey      {}\nentry    {}\ncompiler {}\nbinary   {} bytes ({}){}\norigin   {}\ntime     "
@@ -180,7 +183,7 @@ std::string human_bytes(uint64_t b) {
 int cmd_cache_stats(const std::string& dir, bool as_json) {
   const kiln::CacheStats s = kiln::cache_stats_of(dir);
   if (as_json) {
-    std::cout << kiln::detail::cache_stats_json(s).dump(2) << "\n";
+    kiln::cli::print_json(kiln::detail::cache_stats_json(s));
   } else {
     std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
                              s.persistent ? "a database" : "no database: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
@@ -207,7 +210,7 @@ int cmd_cache_ls(const std::string& dir, bool as_json) {
                       {"last_used", e.last_used},
                       {"compile_ms", e.compile_ms}});
     }
-    std::cout << list.dump(2) << "\n";
+    kiln::cli::print_json(list, "entries");
     return 0;
   }
   std::cout << fmt::format("{:<30} {:<9} {:>10} {:>6} {:>12}  {}\n", "KERNEL", "TARGET", "SIZE", "HITS", "LAST USED", "SIGNATURE");
@@ -222,7 +225,7 @@ int cmd_cache_ls(const std::string& dir, bool as_json) {
 int cmd_cache_verify(const std::string& dir, bool repair, bool as_json) {
   const kiln::CacheVerifyReport r = kiln::cache_verify(repair, dir);
   if (as_json) {
-    std::cout << json{{"checked", r.checked}, {"problems", r.problems}, {"removed", r.removed}}.dump(2) << "\n";
+    kiln::cli::print_json({{"checked", r.checked}, {"problems", r.problems}, {"removed", r.removed}});
   } else {
     for (const auto& p : r.problems) std::cout << "problem: " << p << "\n";
     std::cout << fmt::format("checked {} entries: {} problem(s){}\n", r.checked, r.problems.size(),
@@ -308,7 +311,7 @@ int cmd_warmup(const WarmupCommand& c, bool as_json) {
     out["targets"] = options.targets;
     out["cache"] = cache.directory;
     out["persistent"] = cache.persistent;
-    std::cout << out.dump(2) << "\n";
+    kiln::cli::print_json(out);
   } else if (as_check) {
     std::cout << fmt::format("check of {} for {} against {}{}: {} signatures x {} target(s)\n", manifest.model,
                              fmt::join(options.targets, ","), cache.directory, cache.persistent ? "" : " (not persistent)",
@@ -389,7 +392,7 @@ int cmd_env(const std::string& cache_dir, bool as_json) {
     if (entry.rfind("KILN_", 0) == 0) j["environment"][entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
   }
   if (as_json) {
-    std::cout << j.dump(2) << "\n";
+    kiln::cli::print_json(j);
     return 0;
   }
   std::cout << fmt::format("kiln       {} (built with {})\n", kiln_version(), __VERSION__);
@@ -416,12 +419,18 @@ int cmd_env(const std::string& cache_dir, bool as_json) {
   return 0;
 }
 
-int cmd_manifests() {
-  std::cout << fmt::format("{:<16} {:>10}  {}\n", "MODEL", "SIGNATURES", "DESCRIPTION");
+int cmd_manifests(bool as_json) {
+  json list = json::array();
+  if (!as_json) std::cout << fmt::format("{:<16} {:>10}  {}\n", "MODEL", "SIGNATURES", "DESCRIPTION");
   for (const auto& name : kiln::builtin_manifests()) {
     const kiln::Manifest m = kiln::load_manifest(name);
-    std::cout << fmt::format("{:<16} {:>10}  {}\n", name, m.signatures.size(), m.description);
+    if (as_json) {
+      list.push_back({{"model", name}, {"signatures", m.signatures.size()}, {"description", m.description}});
+    } else {
+      std::cout << fmt::format("{:<16} {:>10}  {}\n", name, m.signatures.size(), m.description);
+    }
   }
+  if (as_json) kiln::cli::print_json(list, "manifests");
   return 0;
 }
 
@@ -480,18 +489,23 @@ int main(int argc, char** argv) {
   cache_verify->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_prune = cache->add_subcommand("prune", "Evict least-recently-used entries down to a size");
   cache_prune->add_option("--max-size", max_size_text, "Size to keep at most: bytes, or 4G, 512M (default: KILN_CACHE_MAX_BYTES or 4G)");
+  cache_prune->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_clear = cache->add_subcommand("clear", "Remove every entry of the cache directory's database");
+  cache_clear->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_export = cache->add_subcommand("export", "Write entries to a single bundle file");
   cache_export->add_option("file", file, "Bundle to create (must not exist)")->required();
   cache_export->add_option("--target", target, "Only entries for this target");
   cache_export->add_option("--kernel", kernel_filter, "Only entries of this kernel");
   std::string signing_key;
   cache_export->add_option("--sign", signing_key, "Sign every entry with this secret key file (from `kiln cache keygen`)");
+  cache_export->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_keygen = cache->add_subcommand("keygen", "Write a new Ed25519 key pair for signing bundles: PREFIX.key and PREFIX.pub");
   std::string key_prefix;
   cache_keygen->add_option("prefix", key_prefix, "Path prefix of the two key files (neither may exist)")->required();
+  cache_keygen->add_flag("--json", as_json, "Machine-readable output");
   auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums, and signatures with KILN_CACHE_TRUSTED_KEYS)");
   cache_import->add_option("file", file, "Bundle to read")->required();
+  cache_import->add_flag("--json", as_json, "Machine-readable output");
 
   std::string shape_text, kernel_name;
   uint64_t seed = 1;
@@ -517,6 +531,7 @@ int main(int argc, char** argv) {
 
   WarmupCommand warm;
   auto* manifests = app.add_subcommand("manifests", "List the model manifests built into kiln");
+  manifests->add_flag("--json", as_json, "Machine-readable output");
   auto* warmup = app.add_subcommand("warmup", "Compile every kernel a model needs into the cache (no GPU needed)");
   warmup->add_option("--manifest", warm.manifest, "A manifest file, or a built-in model name (kiln manifests)");
   warmup->add_option("--op", warm.op, "One operator's signature instead of a manifest (with --sig)");
@@ -549,23 +564,41 @@ int main(int argc, char** argv) {
     if (*cache_ls) return cmd_cache_ls(cache_dir, as_json);
     if (*cache_verify) return cmd_cache_verify(cache_dir, repair, as_json);
     if (*cache_clear) {
-      std::cout << fmt::format("removed {} entries\n", kiln::cache_prune(0, cache_dir));
+      const uint64_t removed = kiln::cache_prune(0, cache_dir);
+      if (as_json) {
+        kiln::cli::print_json({{"removed", removed}});
+      } else {
+        std::cout << fmt::format("removed {} entries\n", removed);
+      }
       return 0;
     }
     if (*cache_prune) {
       const int64_t max_size = max_size_text.empty() ? 0 : kiln::detail::parse_size(max_size_text, "--max-size");
       const uint64_t removed =
           kiln::cache_prune(max_size_text.empty() ? kiln::detail::default_cache_max_bytes() : static_cast<uint64_t>(max_size), cache_dir);
-      std::cout << fmt::format("evicted {} entries\n", removed);
+      if (as_json) {
+        kiln::cli::print_json({{"evicted", removed}});
+      } else {
+        std::cout << fmt::format("evicted {} entries\n", removed);
+      }
       return 0;
     }
     if (*cache_export) {
       const uint64_t exported = kiln::cache_export(file, target, kernel_filter, cache_dir, signing_key);
-      std::cout << fmt::format("exported {} entries to {}{}\n", exported, file, signing_key.empty() ? "" : ", signed");
+      if (as_json) {
+        kiln::cli::print_json({{"exported", exported}, {"file", file}, {"signed", !signing_key.empty()}});
+      } else {
+        std::cout << fmt::format("exported {} entries to {}{}\n", exported, file, signing_key.empty() ? "" : ", signed");
+      }
       return 0;
     }
     if (*cache_keygen) {
       const std::string public_key = kiln::cache_keygen(key_prefix);
+      if (as_json) {
+        kiln::cli::print_json(
+            {{"public_key", public_key}, {"secret_key_file", key_prefix + ".key"}, {"public_key_file", key_prefix + ".pub"}});
+        return 0;
+      }
       std::cout << fmt::format(
           "wrote {0}.key (secret: keep it on the build box) and {0}.pub\npublic key {1}\n"
           "serving nodes trust it with KILN_CACHE_TRUSTED_KEYS={1}\n",
@@ -574,6 +607,10 @@ int main(int argc, char** argv) {
     }
     if (*cache_import) {
       const kiln::CacheImportReport r = kiln::cache_import(file, cache_dir);
+      if (as_json) {
+        kiln::cli::print_json({{"imported", r.imported}, {"already_present", r.already_present}, {"rejected", r.rejected}});
+        return r.rejected.empty() ? 0 : 6;
+      }
       for (const auto& why : r.rejected) std::cout << "rejected: " << why << "\n";
       std::cout << fmt::format("imported {} entries, {} already present, {} rejected\n", r.imported, r.already_present, r.rejected.size());
       return r.rejected.empty() ? 0 : 6;
@@ -584,7 +621,7 @@ int main(int argc, char** argv) {
     if ((*check || *bench) && op.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "op: name an operator, or give --manifest");
     if (*check) return kiln::cli::run_check(op, shape_text, seed, kernel_name, as_json);
     if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
-    if (*manifests) return cmd_manifests();
+    if (*manifests) return cmd_manifests(as_json);
     if (*warmup) return cmd_warmup(warm, as_json);
     if (*devices || *env) kiln::detail::KernelCache::inspect_only_process();  // they only read
     if (*devices) return cmd_devices(as_json);
