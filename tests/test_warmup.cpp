@@ -243,10 +243,10 @@ TEST_F(WarmupTest, WritesThatFailAreReportedAndFailTheRun) {
 TEST_F(WarmupTest, EveryBuiltinManifestWarmsForHopperThenIsCached) {
   for (const auto& model : builtin_manifests()) {
     int rc = -1;
-    std::string out = run("warmup -j 2 --manifest " + model, &rc);
+    std::string out = run("warmup -j 2 --target sm_90a --manifest " + model, &rc);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("failed     0"), std::string::npos) << out;
-    out = run("warmup --manifest " + model, &rc);
+    out = run("warmup --target sm_90a --manifest " + model, &rc);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("compiled   0"), std::string::npos) << model << ": a rerun compiles nothing\n" << out;
   }
@@ -337,6 +337,10 @@ TEST_F(WarmupTest, CommandLineConventions) {
   out = run("cache clear", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("removed 2 entries"), std::string::npos) << out;
+  // Without a GPU the targets must be named.
+  out = run("warmup --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--target: no GPU is usable here"), std::string::npos) << out;
   out = run("cache stats", &rc, "KILN_CACHE_MAX_BYTES=512M");
   EXPECT_NE(out.find("entries    0\nsize       0 B of 512.0 MiB"), std::string::npos) << out;
   // Every exit code is in --help.
@@ -401,9 +405,9 @@ TEST_F(WarmupTest, FailuresAreReportedWithReasonsAndExitNonZero) {
 
 TEST_F(WarmupTest, InterruptLeavesTheCacheConsistentAndARerunContinues) {
   // A hanging compiler makes the warm-up slow enough to interrupt deterministically.
-  const std::string cmd =
-      fmt::format("cd {} && KILN_CACHE_DIR={}/cache KILN_COMPILE_WORKER={} exec {} warmup -j 1 --manifest mixtral-8x7b > out 2>&1",
-                  dir_.string(), dir_.string(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI);
+  const std::string cmd = fmt::format(
+      "cd {} && KILN_CACHE_DIR={}/cache KILN_COMPILE_WORKER={} exec {} warmup -j 1 --target sm_90a --manifest mixtral-8x7b > out 2>&1",
+      dir_.string(), dir_.string(), KILN_TEST_FAKE_WORKER_HANG, KILN_TEST_CLI);
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
@@ -420,7 +424,7 @@ TEST_F(WarmupTest, InterruptLeavesTheCacheConsistentAndARerunContinues) {
   s << in.rdbuf();
   EXPECT_NE(s.str().find("interrupted; run again to continue"), std::string::npos) << s.str();
   int rc = -1;
-  const std::string out = run("warmup --manifest mixtral-8x7b", &rc);
+  const std::string out = run("warmup --target sm_90a --manifest mixtral-8x7b", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("failed     0"), std::string::npos) << out;
   EXPECT_EQ(run("cache verify", &rc).find("0 problem(s)") != std::string::npos, true);
@@ -451,7 +455,7 @@ TEST_F(WarmupTest, CaptureFromSeveralProcessesMakesOneManifest) {
   // 64, 128 (flags on), 192, 256: 8 distinct signatures, each once.
   EXPECT_EQ(m.signatures.size(), 8u);
   int rc = -1;
-  EXPECT_NE(run("warmup --manifest " + file, &rc).find("failed     0"), std::string::npos);
+  EXPECT_NE(run("warmup --target sm_90a --manifest " + file, &rc).find("failed     0"), std::string::npos);
   EXPECT_EQ(rc, 0);
 }
 

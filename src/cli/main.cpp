@@ -8,6 +8,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -263,7 +264,7 @@ void show_progress(const kiln::WarmupProgress& p, bool terminal) {
 }
 
 struct WarmupCommand {
-  std::string manifest, op, sig, targets = "sm_90a";
+  std::string manifest, op, sig, targets;  // targets empty: the GPUs present
   int jobs = 0;
   bool check = false;   // look up only: never compile (KILN_JIT=off for this process)
   bool strict = false;  // REFERENCE kernels fail the run
@@ -272,7 +273,20 @@ struct WarmupCommand {
 int cmd_warmup(const WarmupCommand& c, bool as_json) {
   kiln::WarmupOptions options;
   // Cheap checks first: a wrong target fails before a large manifest is read.
-  options.targets = kiln::detail::parse_target_list(c.targets, "--target");
+  std::string targets = c.targets;
+  if (targets.empty()) {  // the targets of the GPUs here, each once
+    std::vector<std::string> present;
+    for (const auto& d : kiln::detect_devices().devices) {
+      if (std::find(present.begin(), present.end(), d.arch) == present.end()) present.push_back(d.arch);
+    }
+    if (present.empty()) {
+      throw kiln::Error(kiln::ErrorCode::kInvalidArgument,
+                        "--target: no GPU is usable here, so name the targets to warm, e.g. --target sm_90a "
+                        "(kiln devices lists every offline target)");
+    }
+    targets = fmt::format("{}", fmt::join(present, ","));
+  }
+  options.targets = kiln::detail::parse_target_list(targets, "--target");
   if (c.manifest.empty() == c.op.empty()) {
     throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "warmup: give --manifest, or --op with --sig (one of the two)");
   }
@@ -536,7 +550,7 @@ int main(int argc, char** argv) {
   warmup->add_option("--manifest", warm.manifest, "A manifest file, or a built-in model name (kiln manifests)");
   warmup->add_option("--op", warm.op, "One operator's signature instead of a manifest (with --sig)");
   warmup->add_option("--sig", warm.sig, "That signature as key=value,...");
-  warmup->add_option("--target", warm.targets, "Comma-separated targets (default sm_90a)");
+  warmup->add_option("--target", warm.targets, "Comma-separated targets (default: the GPUs present; required without one)");
   warmup->add_option("-j,--jobs", warm.jobs, "Parallel compiles (default: one per core)");
   warmup->add_flag("--check", warm.check,
                    "Compile nothing: say per signature whether the cache would serve it, from which tier and with which "
