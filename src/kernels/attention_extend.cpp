@@ -13,44 +13,11 @@
 #include "kiln/registry.hpp"
 
 namespace kiln {
-namespace {
 
 using detail::PrefillInput;
 
-KernelSpec extend_reference_spec() {
-  KernelSpec spec;
-  spec.name = "attention.extend.reference";
-  spec.family = kFamilyAttention;
-  spec.mode = kModeExtend;
-  spec.priority = Priority::kReference;
-  spec.requirements = detail::any_nvidia_since_ampere();
-  spec.source = "attention/prefill_reference.cuh";
-  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
-    if (auto why = detail::check_16bit_dtype(sig)) return why;
-    if (auto why = detail::check_same_or_e4m3_cache(sig)) return why;
-    return detail::check_reference_head_dim(sig);
-  };
-  spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_reference<{}, {}, {}>", detail::cuda_type(sig.get("dtype")), sig.get_int("head_dim"),
-                                      detail::cuda_type(sig.get("kv_dtype"))),
-                          {}};
-  };
-  spec.launch_shape = [](const void* params, const Platform&) {
-    const auto& p = *static_cast<const KilnPrefillParams*>(params);
-    LaunchShape shape;
-    shape.grid[0] = detail::ceil_div(p.max_seqlen_q, 4);
-    shape.grid[1] = static_cast<uint32_t>(p.num_heads_q);
-    shape.grid[2] = static_cast<uint32_t>(p.batch);
-    shape.block[0] = 128;
-    return shape;
-  };
-  return spec;
-}
-
-}  // namespace
-
-KILN_REGISTER_KERNEL(attention_extend_reference) { return extend_reference_spec(); }
-KILN_REGISTER_KERNEL(attention_extend_reference_amd) { return detail::amd_registration(extend_reference_spec()); }
+KILN_REGISTER_KERNEL(attention_extend_reference) { return detail::prefill_reference_spec(true); }
+KILN_REGISTER_KERNEL(attention_extend_reference_amd) { return detail::amd_registration(detail::prefill_reference_spec(true)); }
 
 KILN_REGISTER_KERNEL(attention_extend_wgmma) {
   detail::PrefillKernel k = detail::wgmma_kernel("attention.extend.wgmma");

@@ -1,4 +1,5 @@
-// attention.prefill.reference (and .amd from the same source): kernel-sources/attention/prefill_reference.cuh.
+// attention.prefill.reference and attention.extend.reference (and .amd of each from the same source):
+// kernel-sources/attention/prefill_reference.cuh.
 #include <fmt/format.h>
 
 #include "attention/params.h"
@@ -8,26 +9,28 @@
 #include "kiln/registry.hpp"
 
 namespace kiln {
-namespace {
+namespace detail {
 
-using detail::any_nvidia_since_ampere;
-using detail::ceil_div;
-using detail::cuda_type;
-
-KernelSpec prefill_reference_spec() {
+// attention.prefill.reference and attention.extend.reference: one source and one launch; extend
+// reads a paged cache, which may be e4m3.
+KernelSpec prefill_reference_spec(bool extend) {
   KernelSpec spec;
-  spec.name = "attention.prefill.reference";
+  spec.name = extend ? "attention.extend.reference" : "attention.prefill.reference";
   spec.family = kFamilyAttention;
-  spec.mode = kModePrefill;
+  spec.mode = extend ? kModeExtend : kModePrefill;
   spec.priority = Priority::kReference;
   spec.requirements = any_nvidia_since_ampere();
   spec.source = "attention/prefill_reference.cuh";
-  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
-    if (auto why = detail::check_16bit_dtype(sig)) return why;
-    return detail::check_reference_head_dim(sig);
+  spec.accepts = [extend](const Signature& sig) -> std::optional<std::string> {
+    if (auto why = check_16bit_dtype(sig)) return why;
+    if (extend) {
+      if (auto why = check_same_or_e4m3_cache(sig)) return why;
+    }
+    return check_reference_head_dim(sig);
   };
-  spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_reference<{}, {}>", cuda_type(sig.get("dtype")), sig.get_int("head_dim")), {}};
+  spec.specialize = [extend](const Signature& sig, const Platform&) {
+    const std::string kv = extend ? fmt::format(", {}", cuda_type(sig.get("kv_dtype"))) : "";
+    return Specialization{fmt::format("kiln::prefill_reference<{}, {}{}>", cuda_type(sig.get("dtype")), sig.get_int("head_dim"), kv), {}};
   };
   spec.launch_shape = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
@@ -41,9 +44,9 @@ KernelSpec prefill_reference_spec() {
   return spec;
 }
 
-}  // namespace
+}  // namespace detail
 
-KILN_REGISTER_KERNEL(attention_prefill_reference) { return prefill_reference_spec(); }
-KILN_REGISTER_KERNEL(attention_prefill_reference_amd) { return detail::amd_registration(prefill_reference_spec()); }
+KILN_REGISTER_KERNEL(attention_prefill_reference) { return detail::prefill_reference_spec(false); }
+KILN_REGISTER_KERNEL(attention_prefill_reference_amd) { return detail::amd_registration(detail::prefill_reference_spec(false)); }
 
 }  // namespace kiln

@@ -37,4 +37,7 @@ inline Requirements any_nvidia_since_ampere() {
   return r;
 }
 
+// attention.prefill.reference, or with `extend` attention.extend.reference (paged, e4m3 cache).
+KernelSpec prefill_reference_spec(bool extend);
+
 }  // namespace kiln::detail
