@@ -39,7 +39,9 @@ def test_package_is_the_installed_one_with_its_own_library():
 
 def test_command_line_runs_from_the_package():
     out = subprocess.run([sys.executable, "-m", "kiln", "list", "--json"], capture_output=True, text=True, check=True).stdout
-    names = {k["name"] for k in json.loads(out)}
+    listed = json.loads(out)
+    assert listed["schema"] == 1
+    names = {k["name"] for k in listed["kernels"]}
     assert "attention.prefill.wgmma" in names
 
 
