@@ -305,6 +305,11 @@ TEST_F(WarmupTest, WarmedCacheServesWithoutACompilerAndCheckSaysWhatWouldHit) {
   EXPECT_EQ(rc, 2);
   out = run("warmup --check --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90", &rc, no_compiler);
   EXPECT_NE(out.find("--target: no GPU looks kernels up as sm_90: the GPUs of that family report sm_90a"), std::string::npos) << out;
+  out = run("warmup --check --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target gfx942", &rc, no_compiler);
+  EXPECT_NE(out.find("--target: AMD GPUs look kernels up under their target with feature flags (a MI300X reports "
+                     "gfx942:sramecc+:xnack-)"),
+            std::string::npos)
+      << out;
   out = run("warmup --op kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a", &rc, "KILN_JIT=maybe");
   EXPECT_NE(out.find("KILN_JIT='maybe' must be 'on' or 'off'"), std::string::npos) << out;
   EXPECT_NE(rc, 0);

@@ -21,7 +21,14 @@ std::vector<std::string> parse_target_list(const std::string& text, const std::s
   if (targets.empty()) throw Error(ErrorCode::kInvalidArgument, argument + ": name at least one target (e.g. sm_90a)");
   const auto known = known_targets();
   for (const auto& t : targets) {
-    platform_for_target(t);  // a wrong target fails before any manifest is read
+    const Platform p = platform_for_target(t);  // a wrong target fails before any manifest is read
+    // An AMD GPU looks its kernels up under its full target, feature flags included (a MI300X
+    // reports gfx942:sramecc+:xnack-): the bare name fills keys no GPU reads.
+    if (p.vendor == Vendor::kAmd && t.find(':') == std::string::npos) {
+      log(LogLevel::kWarn, fmt::format("{}: AMD GPUs look kernels up under their target with feature flags (a MI300X reports "
+                                       "{}:sramecc+:xnack-); warm the name `kiln devices` prints on the node",
+                                       argument, t));
+    }
     // A GPU with arch-specific features reports the "a" target (an H100 is sm_90a) and looks its
     // kernels up under it: warming the plain name fills keys that GPU never reads.
     if (std::find(known.begin(), known.end(), t + "a") != known.end()) {
