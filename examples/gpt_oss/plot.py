@@ -20,7 +20,7 @@ def plot(record, path):
     ax.set_xlabel("decode batch size (requests)")
     ax.set_ylabel("decode tokens/s")
     args = record["args"]
-    ax.set_title(f"{args['model']} ({record['layers']} layers), {args['context']}-token contexts\n{record['device']}", fontsize=9)
+    ax.set_title(f"{args['model']} ({record['layers']} layers), {args['context']}-token decode contexts\n{record['device']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

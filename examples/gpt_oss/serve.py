@@ -59,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=_positive, default=8, help="prompts in the prefill measurement")
     p.add_argument("--context", type=_positive, default=2048, help="tokens per prompt")
+    p.add_argument("--prompt-lengths", type=_positive_list,
+                   help="the prefill measurement's prompts, each of its own length (replaces --prompts x --context)")
     p.add_argument("--batches", type=_positive_list, default=[1, 8, 64], help="decode batch sizes")
     p.add_argument("--decode-steps", type=_positive, default=64)
     p.add_argument("--page-size", type=_positive, default=16, help="kiln's KV page size (a power of two, <= 256)")
@@ -68,6 +70,10 @@ def parse_args(argv=None):
     p.add_argument("--out", help="folder for e2e.json")
     args = p.parse_args(argv)
     args.config = config_named(args.model, args.layers)
+    if args.prompt_lengths:
+        args.prompts = len(args.prompt_lengths)
+    else:
+        args.prompt_lengths = [args.context] * args.prompts
     if args.page_size & (args.page_size - 1) or args.page_size > 256:
         p.error(f"--page-size: expected a power of two up to 256, got {args.page_size}")
     return args
@@ -234,32 +240,34 @@ def run_backend(name, args, progress):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     slots = max(max(args.batches), args.prompts)
-    max_len = -(-(args.context + args.decode_steps + 1) // 16) * 16
+    max_len = -(-(max(args.context, *args.prompt_lengths) + args.decode_steps + 1) // 16) * 16
     progress(f"{name}: drawing {config.name} ({config.layers} layers) weights, seed {args.seed}")
     weights = random_weights(config, args.seed)
     backend = make_backend(name, config, weights, slots, max_len, args.page_size, args.seed)
     model = GptOss(config, weights, backend)
     engine = Engine(model, max_len, args.max_batched_tokens)
     prompts = _random_prompts(config, slots, args.context, args.seed)
+    measured = [p[:n] if n <= len(p) else _random_prompts(config, 1, n, args.seed + i)[0]
+                for i, (p, n) in enumerate(zip(prompts, args.prompt_lengths))]
     result = {"backend": name}
 
     progress(f"{name}: warm-up (compiles kernels on a cold cache)")
     started = time.perf_counter()
-    first, _, _ = engine.prefill(prompts[:args.prompts])  # the measured forwards' shapes, so their kernels
+    first, _, _ = engine.prefill(measured)  # the measured forwards' shapes, so their kernels
     step = engine.start_decode(first[:1], [args.context], 2, graphs=False)
     step()
     torch.cuda.synchronize()
     result["warmup_s"] = time.perf_counter() - started
 
-    progress(f"{name}: prefill {args.prompts} x {args.context} tokens")
-    _, ttft, _ = engine.prefill(prompts[:args.prompts], progress=lambda t: progress(f"{name}: {t}"))
+    progress(f"{name}: prefill {args.prompts} prompts, {sum(args.prompt_lengths)} tokens")
+    _, ttft, _ = engine.prefill(measured, progress=lambda t: progress(f"{name}: {t}"))
     if args.profile:  # the same prefill, its kernels by family
         try:
-            result["profile_prefill"] = kernel_breakdown(lambda: engine.prefill(prompts[:args.prompts]), repeats=1)
+            result["profile_prefill"] = kernel_breakdown(lambda: engine.prefill(measured), repeats=1)
         except Exception as e:
             result["profile_prefill_error"] = str(e)
-    result["prefill"] = {"prompts": args.prompts, "context": args.context, "seconds": max(ttft),
-                         "tokens_per_s": args.prompts * args.context / max(ttft), "ttft_ms_mean": 1e3 * sum(ttft) / len(ttft),
+    result["prefill"] = {"prompts": args.prompts, "prompt_lengths": args.prompt_lengths, "seconds": max(ttft),
+                         "tokens_per_s": sum(args.prompt_lengths) / max(ttft), "ttft_ms_mean": 1e3 * sum(ttft) / len(ttft),
                          "ttft_ms_first": 1e3 * min(ttft)}
     result["decode"] = {}
     for B in args.batches:
@@ -284,7 +292,8 @@ def run_backend(name, args, progress):
 def summary(results, args):
     """The one-screen table, kiln against PyTorch."""
     lines = [f"{args.config.name}, {args.config.layers} layers, random weights (seed {args.seed}); {torch.cuda.get_device_name()}; "
-             f"prompts {args.prompts} x {args.context}, page size {args.page_size}, "
+             f"prefill of {args.prompts} prompts ({sum(args.prompt_lengths)} tokens), decode contexts {args.context}, "
+             f"page size {args.page_size}, "
              f"decode {args.decode_steps} steps {'eager' if args.no_graphs else 'in a CUDA graph'}"]
     header = ["", "prefill tok/s", "TTFT ms"] + [f"decode tok/s B={b}" for b in args.batches] + \
              [f"TPOT ms B={b}" for b in args.batches] + ["peak GiB"]

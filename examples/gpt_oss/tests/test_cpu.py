@@ -18,6 +18,12 @@ def test_defaults_are_the_issue_measurement():
     assert (args.prompts, args.context, args.batches, args.backends) == (8, 2048, [1, 8, 64], ["kiln", "torch"])
 
 
+def test_prompt_lengths_replace_prompts_times_context():
+    args = serve.parse_args(["--prompt-lengths", "300,77,1024"])
+    assert args.prompts == 3 and args.prompt_lengths == [300, 77, 1024]
+    assert serve.parse_args([]).prompt_lengths == [2048] * 8
+
+
 def test_layers_run_fewer_blocks_at_full_width():
     args = serve.parse_args(["--model", "gpt-oss-120b", "--layers", "2", "--batches", "4,16", "--backends", "kiln"])
     assert (args.config.layers, args.config.experts, args.config.hidden) == (2, 128, 2880)
@@ -27,6 +33,7 @@ def test_layers_run_fewer_blocks_at_full_width():
 @pytest.mark.parametrize("argv, named", [(["--layers", "25"], "layers"), (["--layers", "0"], "--layers"),
                                          (["--batches", "8,x"], "--batches"), (["--backends", "kiln,tpu"], "--backends"),
                                          (["--page-size", "24"], "--page-size"), (["--page-size", "512"], "--page-size"),
+                                         (["--prompt-lengths", "8,0"], "--prompt-lengths"),
                                          (["--model", "llama"], "--model")])
 def test_bad_arguments_are_named(argv, named, capsys):
     with pytest.raises((SystemExit, ValueError)) as e:
