@@ -585,7 +585,8 @@ def main():
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
     # In the order --moe-weights lists the formats (to alternate which one runs first).
     moe_formats = args.moe_weights.split(",") if args.moe_weights else ["bf16", "mxfp4", "mxfp4_prepared"]
-    moe_rows = [(T, w) for w in moe_formats for T in ((1, 8, 64, 512, 4096, 8192) if w == "bf16" else (1, 8))]
+    # Every format at every batch size: prefill runs MXFP4 experts at thousands of tokens too.
+    moe_rows = [(T, w) for w in moe_formats for T in (1, 8, 64, 512, 4096, 8192)]
     for T, weights_format in moe_rows if args.only in (None, "moe") else ():
         if moe_tokens and T not in moe_tokens:
             continue
