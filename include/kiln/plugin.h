@@ -6,7 +6,9 @@
  * kiln refuses a plugin whose abi_version differs from KILN_PLUGIN_ABI_VERSION, naming both.
  * Every pointer the plugin returns must stay valid while the library is loaded (kiln never
  * unloads it). Kernel sources are CUDA/HIP text compiled by kiln's JIT like built-in ones; the
- * kernel receives the operator's parameter struct (kernel-sources/<family>/params.h) by value.
+ * kernel receives the operator's parameter struct by value: kernel-sources/<family>/params.h,
+ * installed (valid C11 and C++) as <prefix>/include/kiln/kernel-params/<family>/params.h, whose
+ * directory kiln's CMake targets put on the include path ("attention/params.h").
  *
  * You MUST bump KILN_PLUGIN_ABI_VERSION when any struct below changes layout or meaning. */
 #ifndef KILN_PLUGIN_H

@@ -1,6 +1,7 @@
 // Parameter blocks of the attention kernels, passed by value as the kernel's only argument.
 // Shared verbatim by kiln's host code and the run-time-compiled kernels, so it uses only plain
-// C types whose layout is the same on x86-64 / aarch64 hosts and on the GPU (LP64).
+// C types whose layout is the same on x86-64 / aarch64 hosts and on the GPU (LP64); valid C11,
+// installed for plugins as <prefix>/include/kiln/kernel-params/attention/params.h.
 // You MUST keep host and kernel builds in step: this file is part of every kernel's key.
 #pragma once
 
@@ -103,3 +104,9 @@ struct KilnKvAppendParams {
   int page_shift;          // log2(page_size)
   float k_scale, v_scale;  // e4m3 cache: stored = value / scale
 };
+
+#ifndef __cplusplus  // C code names them as C++ does
+typedef struct KilnPrefillParams KilnPrefillParams;
+typedef struct KilnDecodeParams KilnDecodeParams;
+typedef struct KilnKvAppendParams KilnKvAppendParams;
+#endif

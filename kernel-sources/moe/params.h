@@ -1,5 +1,6 @@
 // Parameter block of the MoE kernels, passed by value as the kernel's only argument.
-// Shared verbatim by kiln's host code and the run-time-compiled kernels (plain C types only).
+// Shared verbatim by kiln's host code and the run-time-compiled kernels (plain C types only; valid
+// C11, installed for plugins as <prefix>/include/kiln/kernel-params/moe/params.h).
 // You MUST keep host and kernel builds in step: this file is part of every kernel's key.
 #pragma once
 
@@ -39,3 +40,7 @@ struct KilnMoeParams {
   // set (KernelSpec::tensor_maps, src/kernels/moe_apply_stream.cpp); left zero on other paths.
   KilnTensorMap tensor_maps[kMoeTensorMaps];
 };
+
+#ifndef __cplusplus  // C code names it as C++ does
+typedef struct KilnMoeParams KilnMoeParams;
+#endif

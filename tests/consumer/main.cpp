@@ -1,11 +1,27 @@
 // An embedding project: finds kiln with find_package, lists kernels, selects, compiles and validates.
+#include <cstddef>
 #include <cstdio>
 
 #include <kiln/kiln.h>
 #include <kiln/author.hpp>
 #include <kiln/kiln.hpp>
 
+#include "attention/params.h"  // installed in include/kiln/kernel-params
+#include "moe/params.h"
+
+extern "C" size_t consumer_c_layout(int which);
+
 int main() {
+  // The parameter blocks as C compiles them (params_c.c) and as C++ does.
+  const size_t cpp[] = {sizeof(KilnPrefillParams), offsetof(KilnPrefillParams, tensor_maps),
+                        sizeof(KilnDecodeParams),  sizeof(KilnKvAppendParams),
+                        sizeof(KilnMoeParams),     offsetof(KilnMoeParams, tensor_maps)};
+  for (int i = 0; i < 6; ++i) {
+    if (consumer_c_layout(i) != cpp[i]) {
+      std::fprintf(stderr, "parameter block layout %d: C says %zu bytes, C++ %zu\n", i, consumer_c_layout(i), cpp[i]);
+      return 1;
+    }
+  }
   const auto kernels = kiln::Registry::global().kernels();
   if (kernels.empty()) {
     std::fprintf(stderr, "no kernels registered\n");
