@@ -37,6 +37,13 @@ using Mode = KernelCache::Mode;
 
 const std::string kCompiler = "nvrtc 13.0 test";
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 class CacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -84,6 +91,15 @@ class CacheTest : public ::testing::Test {
     sqlite3_close(db);
   }
 
+  // Runs the kiln command line (`environment`: VAR=value ... before it) under a time limit;
+  // returns its output, stdout and stderr together.
+  std::string cli(const std::string& args, int* rc, const std::string& environment = "", int timeout_s = 60) const {
+    const std::string out = (dir_ / "cli.out").string();
+    const int status = std::system(fmt::format("{} timeout {} {} {} > {} 2>&1", environment, timeout_s, KILN_TEST_CLI, args, out).c_str());
+    *rc = WEXITSTATUS(status);
+    return file_bytes(out);
+  }
+
   bool warned(const std::string& needle) const {
     for (const auto& w : warnings_) {
       if (w.find(needle) != std::string::npos) return true;
@@ -94,13 +110,6 @@ class CacheTest : public ::testing::Test {
   fs::path dir_;
   std::vector<std::string> warnings_;
 };
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 TEST(CacheSchemaGolden, VersionAndText) {
   // Changing cache/schema.sql must be deliberate: bump kSchemaVersion, add a migration, update this.
@@ -588,12 +597,6 @@ TEST_F(CacheTest, FullDiskKeepsServingFromMemory) {
 // key as `compile` does.
 TEST_F(CacheTest, BundleFilesAreRegularFilesNamedExactlyAndKeysPrintAlike) {
   fs::create_directories(dir_);
-  auto cli = [&](const std::string& args, int* rc) {
-    const std::string out = (dir_ / "cli.out").string();
-    const int status = std::system(fmt::format("timeout 60 {} {} > {} 2>&1", KILN_TEST_CLI, args, out).c_str());
-    *rc = WEXITSTATUS(status);
-    return file_bytes(out);
-  };
   int rc = -1;
   const std::string compiled =
       cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("a"), kPrefillSig), &rc);
@@ -620,43 +623,31 @@ TEST_F(CacheTest, BundleFilesAreRegularFilesNamedExactlyAndKeysPrintAlike) {
 // keygen on the build box, export --sign, import on a node that trusts the key, served from disk.
 TEST_F(CacheTest, SignedBundleWorkflowThroughTheCommandLine) {
   fs::create_directories(dir_);
-  auto cli = [&](const std::string& args, int* rc) {
-    const std::string out = (dir_ / "cli.out").string();
-    const int status = std::system(fmt::format("timeout 120 {} {} > {} 2>&1", KILN_TEST_CLI, args, out).c_str());
-    *rc = WEXITSTATUS(status);
-    return file_bytes(out);
-  };
   int rc = -1;
-  std::string out = cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("build"), kPrefillSig), &rc);
+  std::string out =
+      cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("build"), kPrefillSig), &rc, "", 120);
   ASSERT_EQ(rc, 0) << out;
-  out = cli(fmt::format("cache keygen {}", dir("release")), &rc);
+  out = cli(fmt::format("cache keygen {}", dir("release")), &rc, "", 120);
   ASSERT_EQ(rc, 0) << out;
   const std::string key = file_bytes(dir("release.pub")).substr(0, 64);
   EXPECT_NE(out.find("KILN_CACHE_TRUSTED_KEYS=" + key), std::string::npos) << out;
-  out = cli(fmt::format("--cache {} cache export {} --sign {}", dir("build"), dir("signed.kiln"), dir("release.key")), &rc);
+  out = cli(fmt::format("--cache {} cache export {} --sign {}", dir("build"), dir("signed.kiln"), dir("release.key")), &rc, "", 120);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("exported 1 entries"), std::string::npos) << out;
-  out = cli(fmt::format("--cache {} cache export {}", dir("build"), dir("plain.kiln")), &rc);
+  out = cli(fmt::format("--cache {} cache export {}", dir("build"), dir("plain.kiln")), &rc, "", 120);
   ASSERT_EQ(rc, 0) << out;
 
-  const std::string trusting = "KILN_CACHE_TRUSTED_KEYS=" + key + " ";
-  out = cli(fmt::format("--cache {} cache import {}", dir("node"), dir("plain.kiln")), &rc);
+  const std::string trusting = "KILN_CACHE_TRUSTED_KEYS=" + key;
+  out = cli(fmt::format("--cache {} cache import {}", dir("node"), dir("plain.kiln")), &rc, "", 120);
   EXPECT_EQ(rc, 0) << "without keys an unsigned bundle imports: " << out;
-  const int status = std::system(fmt::format("{}timeout 60 {} --cache {} cache import {} > {}/o 2>&1", trusting, KILN_TEST_CLI,
-                                             dir("node2"), dir("plain.kiln"), dir_.string())
-                                     .c_str());
-  EXPECT_EQ(WEXITSTATUS(status), 6) << file_bytes(dir_.string() + "/o");
-  EXPECT_NE(file_bytes(dir_.string() + "/o").find("not signed"), std::string::npos) << file_bytes(dir_.string() + "/o");
-  ASSERT_EQ(std::system(fmt::format("{}timeout 60 {} --cache {} cache import {} > {}/o 2>&1", trusting, KILN_TEST_CLI, dir("node3"),
-                                    dir("signed.kiln"), dir_.string())
-                            .c_str()),
-            0)
-      << file_bytes(dir_.string() + "/o");
-  ASSERT_EQ(std::system(fmt::format("{}timeout 60 {} --cache {} compile mha_prefill --target sm_90a --json --sig {} > {}/o 2>&1", trusting,
-                                    KILN_TEST_CLI, dir("node3"), kPrefillSig, dir_.string())
-                            .c_str()),
-            0);
-  EXPECT_EQ(nlohmann::json::parse(file_bytes(dir_.string() + "/o"))["origin"], "disk") << "served as imported, not recompiled";
+  out = cli(fmt::format("--cache {} cache import {}", dir("node2"), dir("plain.kiln")), &rc, trusting);
+  EXPECT_EQ(rc, 6) << out;
+  EXPECT_NE(out.find("not signed"), std::string::npos) << out;
+  out = cli(fmt::format("--cache {} cache import {}", dir("node3"), dir("signed.kiln")), &rc, trusting);
+  ASSERT_EQ(rc, 0) << out;
+  out = cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("node3"), kPrefillSig), &rc, trusting);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["origin"], "disk") << "served as imported, not recompiled";
 }
 
 TEST_F(CacheTest, ReadOnlyDirectoryServesWhatItHoldsAndCompilesTheRest) {

@@ -56,10 +56,9 @@ int driver_version() { return detail::launch_backend().runtime_version(); }
 
 int run_check(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, bool as_json) {
   tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
-  tools::ShapeArgs unchecked = shape;
-  tools::make_problem(op_name, unchecked, seed, false);  // a bad argument is reported with or without a GPU
+  auto problem = tools::make_problem(op_name, shape, seed, false);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
-  auto problem = tools::make_problem(op_name, shape, seed);
+  problem->ensure_sets(1);
   const Signature sig = problem->signature();
   const OperatorId op = sig.op();
   const std::string selected = kernel.empty() ? Registry::global().select(sig, platform)->name : kernel;
@@ -111,10 +110,9 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
 int run_bench(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, double target_ms,
               bool as_json) {
   tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
-  tools::ShapeArgs unchecked = shape;
-  tools::make_problem(op_name, unchecked, seed, false);  // a bad argument is reported with or without a GPU
+  auto problem = tools::make_problem(op_name, shape, seed, false);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
-  auto problem = tools::make_problem(op_name, shape, seed);
+  problem->ensure_sets(1);
   const Signature sig = problem->signature();
   if (!kernel.empty()) Registry::global().set_override(sig.op(), kernel);
   const std::string selected = Registry::global().select(sig, platform)->name;

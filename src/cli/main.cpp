@@ -72,15 +72,24 @@ kiln::Platform resolve_target(const std::string& target) {
   return report.devices.front();
 }
 
+json devices_json(const kiln::DeviceReport& report) {
+  json devices = json::array();
+  for (const auto& d : report.devices) devices.push_back(platform_json(d));
+  return devices;
+}
+
+json compilers_json() {
+  json compilers = json::array();
+  for (const auto& c : kiln::available_compilers()) {
+    compilers.push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
+  }
+  return compilers;
+}
+
 int cmd_devices(bool as_json) {
   const kiln::DeviceReport report = kiln::detect_devices();
   if (as_json) {
-    json j = {{"devices", json::array()}, {"notes", report.notes}, {"compilers", json::array()}};
-    for (const auto& d : report.devices) j["devices"].push_back(platform_json(d));
-    for (const auto& c : kiln::available_compilers()) {
-      j["compilers"].push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
-    }
-    kiln::cli::print_json(j);
+    kiln::cli::print_json({{"devices", devices_json(report)}, {"notes", report.notes}, {"compilers", compilers_json()}});
     return 0;
   }
   if (report.devices.empty()) std::cout << "No GPU that kiln can use was found.\n";
@@ -379,13 +388,9 @@ int cmd_env(const std::string& cache_dir, bool as_json) {
   struct utsname host {};
   if (::uname(&host) == 0) j["host"] = {{"system", host.sysname}, {"release", host.release}, {"machine", host.machine}};
   const kiln::DeviceReport report = kiln::detect_devices();
-  j["devices"] = json::array();
-  for (const auto& d : report.devices) j["devices"].push_back(platform_json(d));
+  j["devices"] = devices_json(report);
   j["device_notes"] = report.notes;
-  j["compilers"] = json::array();
-  for (const auto& c : kiln::available_compilers()) {
-    j["compilers"].push_back({{"compiler", c.compiler}, {"identity", c.identity}, {"targets", c.targets}, {"note", c.note}});
-  }
+  j["compilers"] = compilers_json();
   auto setting = [](auto read) -> json {
     try {
       return read();
