@@ -10,7 +10,9 @@ packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest
           clang-22 lld-22 llvm-22   # the offline AMD compiler (gfx942, gfx950), its linker, llvm-objdump
           libamdhip64-dev libhiprtc-builtins5  # Debian's ROCm 5.2: hipRTC (gfx90a) and the HIP runtime
           util-linux                # setpriv: the read-only-cache test runs a process as another user
-          libsodium23)              # Ed25519 signatures of cache rows (loaded by libkiln at first use)
+          libsodium23               # Ed25519 signatures of cache rows (loaded by libkiln at first use)
+          libhiredis-dev            # the remote cache tier's Redis client (its header; the library is loaded)
+          redis-server)             # a real Redis for the remote tier's tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

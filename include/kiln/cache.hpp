@@ -16,9 +16,40 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
+
+// The fleet tier (KILN_CACHE_REMOTE=redis://...): its settings and this process's counters.
+struct RemoteCacheStats {
+  std::string url;       // the server, password redacted; empty when no remote is configured
+  std::string prefix;    // of every key kiln writes there
+  std::string state;     // "off", "on", "skipping: <why>" (after a failure, for a cool-down) or "invalid: <why>"
+  uint64_t hits = 0;     // verified entries loaded from the remote
+  uint64_t misses = 0;   // keys the remote did not have
+  uint64_t refused = 0;  // entries that failed verification: never loaded
+  uint64_t errors = 0;   // failed commands or connections
+  uint64_t skipped = 0;  // lookups not sent while the remote was being skipped
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t publishes = 0;        // rows written by the background writer or push
+  uint64_t publish_dropped = 0;  // rows not written: queue full or remote unavailable
+  uint64_t lease_waits = 0;      // waited for another node compiling the same key
+  uint64_t lease_takeovers = 0;  // that node's lease lapsed without an entry: compiled here
+};
+
+// The remote server as reached now, with the counts every node has added (fleet-wide).
+struct RemoteCacheProbe {
+  std::string url;
+  double round_trip_ms = 0;
+  std::vector<std::pair<std::string, uint64_t>> fleet;  // hits, misses, compiles, publishes, refused, lease_waits, ...
+};
+
+struct CachePushReport {
+  uint64_t pushed = 0;
+  uint64_t bytes = 0;
+  std::string url;
+};
 
 // Counters of this process since start, plus the state of the database.
 struct CacheStats {
@@ -40,6 +71,7 @@ struct CacheStats {
   uint64_t evictions = 0;
   uint64_t bad_entries = 0;  // checksum, target or compiler mismatch, or failed load: dropped
   uint64_t lock_waits = 0;   // waited for another process compiling the same key
+  RemoteCacheStats remote;
 };
 
 struct CacheEntry {
@@ -87,5 +119,19 @@ CacheImportReport cache_import(const std::string& file, const std::string& direc
 // Writes a new signing key pair, `prefix`.key (secret, mode 0600) and `prefix`.pub; returns the
 // public key as 64 hex digits. Needs libsodium (Debian: libsodium23), loaded at first use.
 std::string cache_keygen(const std::string& prefix);
+
+// The fleet tier. Lookup order: in-process, the local database, seeds, the remote, then a compile.
+// KILN_CACHE_REMOTE=redis://[user:password@]host[:port][/db] turns it on (hiredis is loaded then);
+// KILN_CACHE_REMOTE_PREFIX (default "kiln:"), _TTL (seconds, default 30 days, 0: none),
+// _TIMEOUT_MS (default 10), _LEASE_MS (default 10000), _WAIT_S (default 300), _COOLDOWN_S
+// (default 30) tune it; KILN_CACHE_SIGNING_KEY signs what a node publishes; with
+// KILN_CACHE_TRUSTED_KEYS set, only entries signed by one of those keys are loaded.
+//
+// Reaches the configured server now. Throws kiln::Error(kCacheError) when none is configured or
+// it cannot be reached.
+RemoteCacheProbe cache_remote_probe();
+// Uploads the rows of a cache directory (optionally of one target) to the configured remote,
+// signed with `signing_key` (a secret key file) when given.
+CachePushReport cache_push(const std::string& target = "", const std::string& directory = "", const std::string& signing_key = "");
 
 }  // namespace kiln

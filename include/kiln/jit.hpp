@@ -53,7 +53,8 @@ struct CompiledKernel {
   std::string compiler;         // compiler identity
   std::vector<uint8_t> binary;  // CUBIN, or an AMD code object
   double compile_ms = 0;
-  // "compiled", "disk" (the cache), "seed" (a seed database), or "memory" (an earlier call in this
+  // "compiled", "disk" (the cache), "seed" (a seed database), "remote" (the fleet tier, see
+  // kiln/cache.hpp), or "memory" (an earlier call in this
   // process produced the same binary, e.g. for another signature that specializes identically)
   std::string origin;
   // Whether the binary is in the on-disk cache (or a seed) where the next process finds it: false

@@ -51,7 +51,7 @@ struct WarmupItem {
   std::string target;
   std::string kernel;      // selected kernel, when selection succeeded
   bool reference = false;  // that kernel is a REFERENCE one: correct, slow, a fallback to notice
-  std::string origin;      // where the binary came from: "compiled", "disk", "seed" or "memory"
+  std::string origin;      // where the binary came from: "compiled", "disk", "seed", "remote" or "memory"
   // kShared: the same binary as another item of this run (the kernel does not specialize on the
   // properties in which the two signatures differ).
   enum class Status { kCompiled, kCached, kShared, kFailed, kCancelled } status = Status::kFailed;

@@ -1,10 +1,12 @@
 // kiln/cache.hpp: the process's cache statistics and maintenance of cache directories.
 #include "cache/cache_directory.hpp"
 #include "cache/kernel_cache.hpp"
+#include "cache/remote_tier.hpp"
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 
 #include <memory>
+#include <optional>
 
 namespace kiln {
 namespace {
@@ -26,11 +28,57 @@ std::unique_ptr<detail::KernelCache> inspecting_cache(const std::string& directo
   return cache;
 }
 
+// The remote tier as this process has it: its counters when one is in use; its settings, or why
+// they are refused, otherwise.
+RemoteCacheStats remote_stats() {
+  if (detail::RemoteTier* remote = detail::RemoteTier::process()) return remote->stats();
+  RemoteCacheStats s;
+  try {
+    s.state = detail::remote_settings_from_environment() ? "on" : "off";
+  } catch (const Error& e) {
+    s.state = "invalid: " + e.message();
+  }
+  return s;
+}
+
+detail::RemoteTier& configured_remote() {
+  detail::RemoteTier* remote = detail::RemoteTier::process();
+  if (remote == nullptr) {
+    detail::remote_settings_from_environment();  // throws the setting's own error, if that is why
+    throw Error(ErrorCode::kCacheError, "no remote cache is configured: set KILN_CACHE_REMOTE=redis://host:port");
+  }
+  return *remote;
+}
+
 }  // namespace
 
-CacheStats cache_stats() { return detail::KernelCache::process().stats(); }
+CacheStats cache_stats() {
+  CacheStats s = detail::KernelCache::process().stats();
+  s.remote = remote_stats();
+  return s;
+}
 
-CacheStats cache_stats_of(const std::string& directory) { return inspecting_cache(directory)->stats(); }
+CacheStats cache_stats_of(const std::string& directory) {
+  CacheStats s = inspecting_cache(directory)->stats();
+  s.remote = remote_stats();
+  return s;
+}
+
+RemoteCacheProbe cache_remote_probe() { return configured_remote().probe(); }
+
+CachePushReport cache_push(const std::string& target, const std::string& directory, const std::string& signing_key) {
+  detail::RemoteTier& remote = configured_remote();
+  std::optional<detail::SigningKey> key;
+  if (!signing_key.empty()) key = detail::read_signing_key(signing_key);
+  CachePushReport report;
+  report.url = remote.settings().endpoint.redacted;
+  strict_cache(directory).for_each_row(target, [&](const detail::CacheRow& row) {
+    remote.publish_now(row, key ? &*key : nullptr);
+    report.pushed++;
+    report.bytes += row.binary.size();
+  });
+  return report;
+}
 
 std::vector<CacheEntry> cache_list(const std::string& directory) { return inspecting_cache(directory)->list(); }
 

@@ -746,6 +746,17 @@ uint64_t KernelCache::prune(uint64_t max_bytes) {
   return evict_locked(max_bytes, nullptr);
 }
 
+void KernelCache::for_each_row(const std::string& target, const std::function<void(const CacheRow&)>& visit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!db_) throw cache_error(fmt::format("no database in {}: {}", directory_, degraded_reason_));
+  Statement rows(db_, fmt::format("SELECT {} FROM kernels WHERE (?1 = '' OR target = ?1)", kRowColumns).c_str());
+  rows.bind(1, target);
+  while (rows.step()) {
+    const CacheRow row = read_row(rows);
+    if (!row_problem(rows, row)) visit(row);  // never ship a bad row
+  }
+}
+
 uint64_t KernelCache::export_to(const std::string& file, const std::string& target, const std::string& kernel,
                                 const SigningKey* signing_key) {
   std::lock_guard<std::mutex> lock(mutex_);

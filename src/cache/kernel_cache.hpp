@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -91,6 +92,8 @@ class KernelCache {
   // With trusted keys (KILN_CACHE_TRUSTED_KEYS), imports only rows signed by one of them. Refuses a
   // bundle that other users can write.
   CacheImportReport import_from(const std::string& file);
+  // Calls `visit` with each verified row (of one target where given), one at a time.
+  void for_each_row(const std::string& target, const std::function<void(const CacheRow&)>& visit);
 
  private:
   void open_writable();

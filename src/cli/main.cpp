@@ -190,16 +190,56 @@ std::string human_bytes(uint64_t b) {
   return fmt::format("{} B", b);
 }
 
+// The configured remote server as reached now, or why it cannot be.
+json remote_server_json() {
+  try {
+    const kiln::RemoteCacheProbe p = kiln::cache_remote_probe();
+    json fleet = json::object();
+    for (const auto& [name, value] : p.fleet) fleet[name] = value;
+    return {{"url", p.url}, {"reachable", true}, {"round_trip_ms", p.round_trip_ms}, {"fleet", fleet}};
+  } catch (const kiln::Error& e) {
+    return {{"reachable", false}, {"error", e.message()}};
+  }
+}
+
 int cmd_cache_stats(const std::string& dir, bool as_json) {
   const kiln::CacheStats s = kiln::cache_stats_of(dir);
+  const bool remote = s.remote.state != "off";
   if (as_json) {
-    kiln::cli::print_json(kiln::detail::cache_stats_json(s));
-  } else {
-    std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
-                             s.persistent ? "a database" : "no database: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
-                             human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
+    json out = kiln::detail::cache_stats_json(s);
+    if (remote) out["remote_server"] = remote_server_json();
+    kiln::cli::print_json(out);
+    return 0;
   }
+  std::cout << fmt::format("directory  {}\nstate      {}\nentries    {}\nsize       {} of {}\nseeds      {}\n", s.directory,
+                           s.persistent ? "a database" : "no database: " + s.degraded_reason, s.entries, human_bytes(s.bytes),
+                           human_bytes(s.max_bytes), s.seeds.empty() ? "none" : fmt::format("{}", fmt::join(s.seeds, ", ")));
+  if (!remote) {
+    std::cout << "remote     none (KILN_CACHE_REMOTE is not set)\n";
+    return 0;
+  }
+  const json server = remote_server_json();
+  if (!server["reachable"].get<bool>()) {
+    std::cout << fmt::format("remote     {}\n", server.contains("error") ? std::string(server["error"]) : s.remote.state);
+    return 0;
+  }
+  std::cout << fmt::format("remote     {} (prefix {}), round trip {:.2f} ms\n", std::string(server["url"]), s.remote.prefix,
+                           server["round_trip_ms"].get<double>());
+  std::cout << "fleet     ";
+  for (const auto& [name, value] : server["fleet"].items()) std::cout << fmt::format(" {} {}", name, value.get<uint64_t>());
+  std::cout << (server["fleet"].empty() ? " no counts yet\n" : "\n");
   return 0;  // a directory that cannot be trusted or read is an error (exit 6) before this
+}
+
+int cmd_cache_push(const std::string& dir, const std::string& target, const std::string& signing_key, bool as_json) {
+  const kiln::CachePushReport r = kiln::cache_push(target, dir, signing_key);
+  if (as_json) {
+    kiln::cli::print_json({{"pushed", r.pushed}, {"bytes", r.bytes}, {"remote", r.url}, {"signed", !signing_key.empty()}});
+  } else {
+    std::cout << fmt::format("pushed {} entries ({}) to {}{}\n", r.pushed, human_bytes(r.bytes), r.url,
+                             signing_key.empty() ? "" : ", signed");
+  }
+  return 0;
 }
 
 int cmd_cache_ls(const std::string& dir, bool as_json) {
@@ -381,6 +421,50 @@ int cmd_warmup(const WarmupCommand& c, bool as_json) {
   return r.failed || r.not_stored || !cache.persistent ? 1 : 0;
 }
 
+// Fills the local cache with a model's kernels from the remote, compiling nothing: what the remote
+// lacks is listed, and the exit status is 1.
+int cmd_cache_pull(const std::string& manifest_name, const std::string& target_list, int jobs, bool as_json) {
+  if (target_list.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "--target: name the targets to pull, e.g. --target sm_90a");
+  kiln::WarmupOptions options;
+  options.targets = kiln::detail::parse_target_list(target_list, "--target");
+  const kiln::Manifest manifest = kiln::load_manifest(manifest_name);
+  const kiln::RemoteCacheProbe server = kiln::cache_remote_probe();  // no remote, or none reachable: exit 6
+  kiln::JitSettings settings = kiln::jit_settings();
+  settings.compile = false;
+  kiln::set_jit_settings(settings);
+  options.jobs = jobs;
+  const kiln::WarmupReport r = kiln::warmup(manifest, options);
+  const kiln::CacheStats cache = kiln::cache_stats();
+  size_t fetched = 0, local = 0, missing = 0;
+  for (const auto& i : r.items) {
+    if (!i.produced()) {
+      ++missing;
+    } else if (i.origin == "remote") {
+      ++fetched;
+    } else {
+      ++local;
+    }
+  }
+  if (as_json) {
+    json out = kiln::detail::warmup_report_json(r);
+    out["model"] = manifest.model;
+    out["remote"] = server.url;
+    out["fetched"] = fetched;
+    out["already_local"] = local;
+    out["missing"] = missing;
+    out["cache"] = cache.directory;
+    kiln::cli::print_json(out);
+  } else {
+    std::cout << fmt::format(
+        "pull of {} for {} from {} into {}\n  fetched    {}\n  local      {} (already in this cache)\n  missing    {}\n", manifest.model,
+        fmt::join(options.targets, ","), server.url, cache.directory, fetched, local, missing);
+    for (const auto& i : r.items) {
+      if (!i.produced()) std::cout << fmt::format("  missing: {} on {}: {}\n", i.signature, i.target, i.reason);
+    }
+  }
+  return missing || !cache.persistent ? 1 : 0;
+}
+
 // Everything a bug report needs: versions, host, devices, compilers, the cache and its policy, and
 // every KILN_ variable set. Reads only: creates no cache directory or database.
 int cmd_env(const std::string& cache_dir, bool as_json) {
@@ -404,6 +488,13 @@ int cmd_env(const std::string& cache_dir, bool as_json) {
       {"cache_sharing",
        setting([] { return json(kiln::detail::cache_sharing() == kiln::detail::CacheSharing::kGroup ? "group" : "user"); })},
       {"trusted_keys", setting([] { return json(kiln::detail::trusted_keys_from_environment().size()); })},
+      {"remote", setting([] {
+         const kiln::RemoteCacheStats r = kiln::cache_stats().remote;
+         if (r.state == "off") return json("off");
+         json out = remote_server_json();
+         out["prefix"] = r.prefix;
+         return out;
+       })},
   };
   j["environment"] = json::object();
   for (char** e = environ; *e != nullptr; ++e) {
@@ -525,6 +616,18 @@ int main(int argc, char** argv) {
   auto* cache_import = cache->add_subcommand("import", "Add a bundle's entries (checksums, and signatures with KILN_CACHE_TRUSTED_KEYS)");
   cache_import->add_option("file", file, "Bundle to read")->required();
   cache_import->add_flag("--json", as_json, "Machine-readable output");
+  auto* cache_push = cache->add_subcommand("push", "Upload the cache's entries to the remote tier (KILN_CACHE_REMOTE)");
+  cache_push->add_option("--target", target, "Only entries for this target");
+  cache_push->add_option("--sign", signing_key, "Sign every entry with this secret key file (from `kiln cache keygen`)");
+  cache_push->add_flag("--json", as_json, "Machine-readable output");
+  auto* cache_pull =
+      cache->add_subcommand("pull", "Fill the cache with a model's kernels from the remote tier, compiling nothing (KILN_CACHE_REMOTE)");
+  std::string pull_manifest, pull_targets;
+  int pull_jobs = 0;
+  cache_pull->add_option("--manifest", pull_manifest, "A manifest file, or a built-in model name (kiln manifests)")->required();
+  cache_pull->add_option("--target", pull_targets, "Comma-separated targets")->required();
+  cache_pull->add_option("-j,--jobs", pull_jobs, "Parallel fetches (default: one per core)");
+  cache_pull->add_flag("--json", as_json, "Machine-readable output");
 
   std::string shape_text, kernel_name;
   uint64_t seed = 1;
@@ -624,6 +727,8 @@ int main(int argc, char** argv) {
           key_prefix, public_key);
       return 0;
     }
+    if (*cache_push) return cmd_cache_push(cache_dir, target, signing_key, as_json);
+    if (*cache_pull) return cmd_cache_pull(pull_manifest, pull_targets, pull_jobs, as_json);
     if (*cache_import) {
       const kiln::CacheImportReport r = kiln::cache_import(file, cache_dir);
       if (as_json) {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -15,6 +17,7 @@
 #include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "cache/key_lock.hpp"
+#include "cache/remote_tier.hpp"
 #include "jit/compiler.hpp"
 #include "jit/operator_call.hpp"
 #include "jit/sources.hpp"
@@ -151,35 +154,119 @@ CompileRequest build_request(const KernelSpec& spec, const Signature& sig, const
 
 namespace {
 
-std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const CompileRequest& request, const KernelKey& key,
-                                                 const std::string& identity, const BinaryCheck& check) {
-  auto found = cache.lookup(key, request.target, identity);
-  if (!found) return nullptr;
+// A binary from a cache row, loaded once by `check` when one is given. Null, with `refuse` told
+// why, when the row holds no binary for the target or the binary does not load.
+std::shared_ptr<CompiledBinary> binary_from_row(CacheRow&& row, const CompileRequest& request, const std::string& identity,
+                                                const char* origin, const BinaryCheck& check,
+                                                const std::function<void(const std::string&)>& refuse) {
   // A row with a good checksum can still hold something that is no binary for this target (a
   // bundle written by another program): refused before anything loads it.
-  if (auto why = backend_for(request.compiler).binary_problem(request.target, found->row.binary)) {
-    if (found->tier == KernelCache::Tier::kDisk) cache.drop(key, "it is no binary for " + request.target + ": " + *why);
+  if (auto why = backend_for(request.compiler).binary_problem(request.target, row.binary)) {
+    refuse("it is no binary for " + request.target + ": " + *why);
     return nullptr;
   }
   auto binary = std::make_shared<CompiledBinary>();
-  binary->key = key;
+  binary->key = row.key;
   binary->compiler = identity;
-  binary->result.binary = std::move(found->row.binary);
-  binary->result.lowered_name = std::move(found->row.entry);
-  binary->result.compile_ms = found->row.compile_ms;
-  binary->origin = found->tier == KernelCache::Tier::kDisk ? "disk" : "seed";
+  binary->result.binary = std::move(row.binary);
+  binary->result.lowered_name = std::move(row.entry);
+  binary->result.compile_ms = row.compile_ms;
+  binary->origin = origin;
   binary->stored = true;
   if (check) {
     try {
       check(*binary);
     } catch (const Error& e) {
-      if (found->tier == KernelCache::Tier::kDisk) cache.drop(key, std::string("it does not load: ") + e.message());
+      refuse(std::string("it does not load: ") + e.message());
       return nullptr;
     }
   }
-  (found->tier == KernelCache::Tier::kDisk ? cache.counters().disk_hits : cache.counters().seed_hits)++;
   return binary;
 }
+
+std::shared_ptr<const CompiledBinary> from_cache(KernelCache& cache, const CompileRequest& request, const KernelKey& key,
+                                                 const std::string& identity, const BinaryCheck& check) {
+  auto found = cache.lookup(key, request.target, identity);
+  if (!found) return nullptr;
+  const bool disk = found->tier == KernelCache::Tier::kDisk;
+  auto binary = binary_from_row(std::move(found->row), request, identity, disk ? "disk" : "seed", check, [&](const std::string& why) {
+    if (disk) cache.drop(key, why);
+  });
+  if (binary) (disk ? cache.counters().disk_hits : cache.counters().seed_hits)++;
+  return binary;
+}
+
+// The fleet tier: a verified entry that loads is also written to the local database, so this
+// host serves it from disk next time.
+std::shared_ptr<const CompiledBinary> from_remote(RemoteTier& remote, KernelCache& cache, const CompileRequest& request,
+                                                  const KernelKey& key, const std::string& identity, const BinaryCheck& check) {
+  auto row = remote.fetch(key, request.target, identity);
+  if (!row) return nullptr;
+  const CacheRow local = *row;
+  auto binary =
+      binary_from_row(std::move(*row), request, identity, "remote", check, [&](const std::string& why) { remote.refuse(key, why); });
+  if (!binary) return nullptr;
+  remote.counters().hits++;
+  binary->stored = cache.publish(local);
+  return binary;
+}
+
+// Fleet-wide single flight: the node that takes the key's lease compiles it; the others wait for
+// its entry. A holder that dies stops renewing its lease, which lapses, and a waiter takes over;
+// a wait longer than the bound, or a remote that fails, ends in a compile here. Returns another
+// node's binary, or null when this process compiles (holding the lease when it took one).
+std::shared_ptr<const CompiledBinary> fetch_or_lease(RemoteTier& remote, KernelCache& cache, const CompileRequest& request,
+                                                     const KernelKey& key, const std::string& identity, const BinaryCheck& check,
+                                                     bool* leased) {
+  if (auto hit = from_remote(remote, cache, request, key, identity, check)) return hit;
+  remote.counters().misses++;
+  const auto deadline = std::chrono::steady_clock::now() + remote.settings().wait;
+  bool waited = false;
+  while (true) {
+    const RemoteTier::Lease lease = remote.take_lease(key);
+    if (lease == RemoteTier::Lease::kUnavailable) return nullptr;
+    if (lease == RemoteTier::Lease::kTaken) {
+      *leased = true;
+      // The last holder may have published just before it released: look once more.
+      if (auto hit = from_remote(remote, cache, request, key, identity, check)) return hit;
+      if (waited) remote.counters().lease_takeovers++;
+      return nullptr;
+    }
+    if (!waited) {
+      remote.counters().lease_waits++;
+      log(LogLevel::kInfo, fmt::format("kiln cache: another node is compiling {} for {} (key {}); waiting for its entry",
+                                       request.kernel_name, request.target, key.hex()));
+      waited = true;
+    }
+    while (remote.lease_held(key)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        log(LogLevel::kWarn, fmt::format("kiln cache: waited {} s for another node to compile {} for {}; compiling here",
+                                         std::chrono::duration_cast<std::chrono::seconds>(remote.settings().wait).count(),
+                                         request.kernel_name, request.target));
+        return nullptr;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (auto hit = from_remote(remote, cache, request, key, identity, check)) return hit;
+    }
+    if (auto hit = from_remote(remote, cache, request, key, identity, check)) return hit;
+  }
+}
+
+// Gives a compile lease back if the compile fails before its row is queued for publication.
+class LeaseRelease {
+ public:
+  LeaseRelease(RemoteTier* remote, const KernelKey& key) : remote_(remote), key_(key) {}
+  ~LeaseRelease() {
+    if (remote_ != nullptr && held) remote_->release_lease(key_);
+  }
+  LeaseRelease(const LeaseRelease&) = delete;
+  LeaseRelease& operator=(const LeaseRelease&) = delete;
+  bool held = false;
+
+ private:
+  RemoteTier* remote_;
+  KernelKey key_;
+};
 
 std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& request, const KernelKey& key, const std::string& identity,
                                                        const BinaryCheck& check) {
@@ -194,6 +281,12 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   // not we had to wait for it: look again before compiling.
   if (lock.acquired() || lock.waited()) {
     if (auto hit = from_cache(cache, request, key, identity, check)) return hit;
+  }
+  RemoteTier* remote = RemoteTier::process();
+  LeaseRelease lease(remote, key);
+  if (remote != nullptr) {
+    if (auto hit = fetch_or_lease(*remote, cache, request, key, identity, check, &lease.held)) return hit;
+    remote->counters().compiles++;
   }
   cache.counters().misses++;
   auto binary = std::make_shared<CompiledBinary>();
@@ -222,6 +315,10 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   row.binary = binary->result.binary;
   row.compile_ms = binary->result.compile_ms;
   binary->stored = cache.publish(row);
+  if (remote != nullptr) {
+    remote->publish_later(row);  // gives the lease back once the entry is written
+    lease.held = false;
+  }
   return binary;
 }
 
@@ -234,7 +331,14 @@ namespace {
 // compiler library. A miss names the command that would have stored it.
 std::shared_ptr<const CompiledBinary> from_cache_without_compiler(const CompileRequest& request, const BinaryCheck& check) {
   KernelCache& cache = KernelCache::process();
-  for (const std::string& identity : cache.compiler_identities(request.target)) {
+  RemoteTier* remote = RemoteTier::process();
+  std::vector<std::string> identities = cache.compiler_identities(request.target);
+  if (remote != nullptr) {
+    for (const std::string& identity : remote->compiler_identities(request.target)) {
+      if (std::find(identities.begin(), identities.end(), identity) == identities.end()) identities.push_back(identity);
+    }
+  }
+  for (const std::string& identity : identities) {
     const KernelKey key = compute_key(request, identity);
     {
       CompileTable& table = compile_table();
@@ -245,7 +349,9 @@ std::shared_ptr<const CompiledBinary> from_cache_without_compiler(const CompileR
         return it->second.get();
       }
     }
-    if (auto hit = from_cache(cache, request, key, identity, check)) {
+    auto hit = from_cache(cache, request, key, identity, check);
+    if (!hit && remote != nullptr) hit = from_remote(*remote, cache, request, key, identity, check);
+    if (hit) {
       std::promise<std::shared_ptr<const CompiledBinary>> promise;
       promise.set_value(hit);
       CompileTable& table = compile_table();
@@ -255,6 +361,7 @@ std::shared_ptr<const CompiledBinary> from_cache_without_compiler(const CompileR
     }
   }
   cache.counters().misses++;
+  if (remote != nullptr) remote->counters().misses++;
   const std::string sig = request.signature.substr(request.signature.find(':') + 1);
   throw Error(ErrorCode::kNoKernel,
               fmt::format("{}: no cached kernel for signature '{}' on {} ({}), and compiling is off (KILN_JIT=off). On a machine "

@@ -19,7 +19,7 @@ struct CompiledBinary {
   KernelKey key;
   CompileResult result;
   std::string compiler;             // the identity of the compiler that built it
-  const char* origin = "compiled";  // "compiled", "disk" (writable cache) or "seed"
+  const char* origin = "compiled";  // "compiled", "disk" (writable cache), "seed" or "remote"
   bool stored = false;              // in the on-disk cache (or a seed) for the next process
 };
 

@@ -77,7 +77,25 @@ nlohmann::json cache_stats_json(const CacheStats& s) {
           {"bytes_written", s.bytes_written},
           {"evictions", s.evictions},
           {"bad_entries", s.bad_entries},
-          {"lock_waits", s.lock_waits}};
+          {"lock_waits", s.lock_waits},
+          {"remote", remote_stats_json(s.remote)}};
+}
+
+nlohmann::json remote_stats_json(const RemoteCacheStats& r) {
+  return {{"url", r.url},
+          {"prefix", r.prefix},
+          {"state", r.state},
+          {"hits", r.hits},
+          {"misses", r.misses},
+          {"refused", r.refused},
+          {"errors", r.errors},
+          {"skipped", r.skipped},
+          {"bytes_read", r.bytes_read},
+          {"bytes_written", r.bytes_written},
+          {"publishes", r.publishes},
+          {"publish_dropped", r.publish_dropped},
+          {"lease_waits", r.lease_waits},
+          {"lease_takeovers", r.lease_takeovers}};
 }
 
 }  // namespace kiln::detail

@@ -18,5 +18,6 @@ std::vector<std::string> parse_target_list(const std::string& text, const std::s
 
 nlohmann::json warmup_report_json(const WarmupReport& report);
 nlohmann::json cache_stats_json(const CacheStats& stats);
+nlohmann::json remote_stats_json(const RemoteCacheStats& remote);
 
 }  // namespace kiln::detail
