@@ -226,6 +226,8 @@ std::unique_ptr<RedisConnection> RemoteTier::connect() {
   return std::make_unique<RedisConnection>(settings_.endpoint, settings_.timeout, settings_.timeout);
 }
 
+// Runs `use` on the callers' connection. A connection that was idle may have been closed by a
+// restarted server: a failure on it is retried once on a fresh one before the remote is skipped.
 template <typename F>
 auto RemoteTier::with_connection(F&& use) -> std::optional<decltype(use(std::declval<RedisConnection&>()))> {
   if (skipping()) {
@@ -233,13 +235,17 @@ auto RemoteTier::with_connection(F&& use) -> std::optional<decltype(use(std::dec
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(connection_mutex_);
-  try {
-    if (!connection_) connection_ = connect();
-    return use(*connection_);
-  } catch (const Error& e) {
-    connection_.reset();
-    trip(e.message());
-    return std::nullopt;
+  for (int attempt = 0;; ++attempt) {
+    const bool reused = connection_ != nullptr;
+    try {
+      if (!connection_) connection_ = connect();
+      return use(*connection_);
+    } catch (const Error& e) {
+      connection_.reset();
+      if (reused && attempt == 0) continue;
+      trip(e.message());
+      return std::nullopt;
+    }
   }
 }
 
@@ -342,7 +348,7 @@ void RemoteTier::publish_later(const CacheRow& row) {
   jobs_ready_.notify_one();
 }
 
-void RemoteTier::write_row(RedisConnection& connection, const CacheRow& row, const SigningKey* signing_key) {
+std::optional<std::string> RemoteTier::write_row(RedisConnection& connection, const CacheRow& row, const SigningKey* signing_key) {
   const std::string value = encode_remote_entry(row, signing_key);
   std::vector<std::string_view> set = {"SET", "", value};
   const std::string key = entry_key(row.key);
@@ -353,25 +359,36 @@ void RemoteTier::write_row(RedisConnection& connection, const CacheRow& row, con
     set.push_back(ttl);
   }
   const RedisReply reply = connection.command(set);
-  if (reply.is_error()) throw Error(ErrorCode::kCacheError, fmt::format("{}: SET refused: {}", settings_.endpoint.redacted, reply.text));
+  if (reply.is_error()) {
+    counters_.errors++;
+    return fmt::format("{}: SET refused: {}", settings_.endpoint.redacted, reply.text);
+  }
   counters_.bytes_written += value.size();
   counters_.publishes++;
   // The compiler identities a node without a compiler looks this target's keys up by.
   const std::string now =
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   connection.command({"ZADD", settings_.prefix + "compilers:" + row.target, now, row.compiler});
+  return std::nullopt;
 }
 
 void RemoteTier::publish_now(const CacheRow& row, const SigningKey* signing_key) {
   if (signing_key == nullptr && settings_.signing_key) signing_key = &*settings_.signing_key;
   std::lock_guard<std::mutex> lock(connection_mutex_);
-  try {
-    if (!connection_) connection_ = connect();
-    write_row(*connection_, row, signing_key);
-  } catch (const Error& e) {
-    connection_.reset();
-    counters_.errors++;
-    throw Error(ErrorCode::kCacheError, e.message());
+  for (int attempt = 0;; ++attempt) {
+    const bool reused = connection_ != nullptr;
+    std::optional<std::string> refused;
+    try {
+      if (!connection_) connection_ = connect();
+      refused = write_row(*connection_, row, signing_key);
+    } catch (const Error& e) {
+      connection_.reset();
+      if (reused && attempt == 0) continue;
+      counters_.errors++;
+      throw Error(ErrorCode::kCacheError, e.message());
+    }
+    if (refused) throw Error(ErrorCode::kCacheError, *refused);
+    return;
   }
 }
 
@@ -454,8 +471,12 @@ void RemoteTier::run_writer() {
     }
     if (job && job->row) {
       const CacheRow& row = *job->row;
-      if (!use([&](RedisConnection& c) { write_row(c, row, settings_.signing_key ? &*settings_.signing_key : nullptr); })) {
+      std::optional<std::string> refused;
+      if (!use([&](RedisConnection& c) { refused = write_row(c, row, settings_.signing_key ? &*settings_.signing_key : nullptr); })) {
         counters_.publish_dropped++;
+      } else if (refused) {  // a full server (OOM), say: reads go on, this row is not shared
+        counters_.publish_dropped++;
+        warn_once("publish:" + refused->substr(refused->find(": ") + 2, 30), "kiln cache: " + *refused + "; the row stays local");
       }
     }
     if (job && job->release) release(*job->release);

@@ -115,7 +115,8 @@ class RemoteTier {
   void warn_once(const std::string& category, const std::string& message);
   std::string entry_key(const KernelKey& key) const { return settings_.prefix + "row:" + key.hex(); }
   std::string lease_key(const KernelKey& key) const { return settings_.prefix + "lease:" + key.hex(); }
-  void write_row(RedisConnection& connection, const CacheRow& row, const SigningKey* signing_key);
+  // Why the server refused the row (a full server, say), or nullopt once it is written.
+  std::optional<std::string> write_row(RedisConnection& connection, const CacheRow& row, const SigningKey* signing_key);
   void run_writer();
   void renew_leases(RedisConnection& connection);
   void flush_fleet_counts(RedisConnection& connection);
