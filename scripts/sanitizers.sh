@@ -25,7 +25,7 @@ echo "== ThreadSanitizer: concurrency tests =="
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WERROR=ON -DKILN_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" ctest --test-dir build-tsan -j"$jobs" --output-on-failure \
-  -R 'Concurrent|SameKeyCompilesOnce|EveryKernelForEveryClaimedTarget|SixteenProcesses|EveryBuiltinManifest|CaptureFromSeveral|Log\.'
+  -R 'Concurrent|SameKeyCompilesOnce|EveryKernelForEveryClaimedTarget|SixteenProcesses|EveryBuiltinManifest|CaptureFromSeveral|Log\.|RemoteCacheTest'
 
 echo "== libFuzzer targets =="
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_BUILD_FUZZERS=ON \
