@@ -1,13 +1,14 @@
-/* A real out-of-tree kiln plugin, built by the test suite. It registers one prefill kernel that
- * accepts only head_dim=64 and causal=1, at PLUGIN priority, with CUDA source that compiles.
- * Built twice: once as is, once with KILN_TEST_PLUGIN_ABI set to a wrong ABI version. */
+/* A real out-of-tree kiln plugin of ABI version 1, built by the test suite: kiln still loads
+ * those. It registers one prefill kernel that accepts only head_dim=64 and causal=1, at PLUGIN
+ * priority, with CUDA source that compiles. Built twice: once as is, once with
+ * KILN_TEST_PLUGIN_ABI set to a wrong ABI version. */
 #include <stdio.h>
 #include <string.h>
 
 #include "kiln/plugin.h"
 
 #ifndef KILN_TEST_PLUGIN_ABI
-#define KILN_TEST_PLUGIN_ABI KILN_PLUGIN_ABI_VERSION
+#define KILN_TEST_PLUGIN_ABI 1u
 #endif
 
 static int accepts(const char* signature, char* reason, size_t reason_size) {
