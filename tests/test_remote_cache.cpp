@@ -477,7 +477,8 @@ TEST_F(RemoteCacheTest, ANodeWithoutACompilerServesGptOss120bFromRedis) {
   server.kill(SIGKILL);
   out = cli(fmt::format("--cache {} warmup --check --manifest gpt-oss-120b --target sm_90a --json", dir("nodeC")), &rc, "KILN_JIT=off");
   ASSERT_EQ(rc, 0) << out << last_err_;
-  for (const auto& item : nlohmann::json::parse(out)["items"]) EXPECT_NE(item["origin"], "remote");
+  const nlohmann::json local = nlohmann::json::parse(out);
+  for (const auto& item : local["items"]) EXPECT_NE(item["origin"], "remote");
 }
 
 TEST_F(RemoteCacheTest, PushUploadsALocalCacheAndPullNamesWhatIsMissing) {
