@@ -86,8 +86,7 @@ typedef struct kiln_plugin_kernel_v2 {
    * compile options, one per line (e.g. "-DACME_TILE=128"), both NUL-terminated. Each is part of
    * the kernel's cache key. Returns 0, or nonzero with a reason in name_expression (kiln then
    * reports the signature as unsupported). */
-  int (*specialize)(const char* signature, const char* target, char* name_expression, size_t name_size, char* options,
-                    size_t options_size);
+  int (*specialize)(const char* signature, const char* target, char* name_expression, size_t name_size, char* options, size_t options_size);
   /* Optional: the scratch one call needs, in bytes (0: none). kiln allocates it on the call's
    * stream, zero-filled, writes its address into the parameter block's workspace field, and
    * frees it after the launch. */

@@ -12,14 +12,16 @@
 //            included;
 //   combine  out[t] = sum over slots j of weight[t][j] * y[t, j], in slot order (deterministic).
 // An expert's weights are read once per chunk of 8 tokens routed to it: exactly once at decode
-// sizes. On sm_90a with bf16 weights, from a token count on (src/kernels/moe_apply_stream.cpp), up and
-// down are grouped GEMMs on wgmma instead (moe/apply_stream_gemm_sm90.cuh); route, group and combine stay.
+// sizes. On sm_90a, from a token count on (src/kernels/moe_apply_stream.cpp), up and down are grouped
+// GEMMs on wgmma instead (moe/apply_stream_gemm_sm90.cuh), with MXFP4 weights converted to bf16 in
+// shared memory on the way; route, group and combine stay.
 // Weights are read 16 bytes per lane: 8 bf16 one step ahead into registers, or 32 e2m1 values that
 // share one e8m0 scale into a per-warp ring in shared memory, two steps ahead. act is stored as
 // bf16 on both paths (the down GEMM's operand), y as f32 here and bf16 on the GEMMs.
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 32 kiln_moe_stream_warps(mxfp4), cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
-// dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases,
+// dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases (with MXFP4 weights,
+// KILN_MOE_GEMM_MXFP4_SHARED_BYTES and at least KILN_MOE_GEMM_MXFP4_MIN_TOKENS tokens),
 // KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
 #pragma once
 
@@ -29,6 +31,7 @@
 #include "common/mma_sm80.cuh"
 #include "common/vector_memory.cuh"
 #include "moe/moe_common.cuh"
+#include "moe/mxfp4_decode.cuh"
 #include "moe/routing.cuh"
 #include "moe/stream_workspace.h"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
@@ -117,19 +120,6 @@ __device__ __forceinline__ u32 byte_of_word(u32 word, const u8* p) {
   return (word >> (8 * (reinterpret_cast<unsigned long long>(p) & 3))) & 0xFFu;
 }
 
-// An e8m0 scale as a pair of bf16, both 2^(bits - 127): exactly representable (2^-127 as a bf16
-// subnormal), 0xFF NaN.
-__device__ __forceinline__ u32 e8m0_to_bf16x2(u32 bits) {
-  const u32 h = bits == 0xFFu ? 0x7FC0u : bits == 0u ? 0x0040u : bits << 7;
-  return h | (h << 16);
-}
-// a * b for packed bf16 pairs (an fma with -0, which keeps the sign of zero products; sm_80+).
-__device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
-  u32 r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
-  return r;
-}
-
 // copy16_async_or_zero under an L2 cache policy, or with `prefetch` its form that has L2 fetch the
 // whole aligned 256-byte block (the next three steps' bytes of a weight row).
 __device__ __forceinline__ void copy16_async_or_zero_maybe_l2_256(unsigned smem, const void* global, bool valid, bool prefetch,
@@ -210,36 +200,8 @@ __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(con
   return a;
 }
 
-// Eight e2m1 values (a word, low nibble first) to four bf16 pairs, each value times 2^-126, exactly:
-// pair i holds values i and i + 4, which sit 16 bits apart in the word, so one shift and two masks
-// place both. An e2m1 value's three magnitude bits (e1 e0 m) land on the bf16's two lowest exponent
-// bits and its first mantissa bit: 2^(e - 127) (1 + m/2) for e > 0, and the subnormal 2^-126 m/2 for
-// e = 0, which is the e2m1 value 2^(e - 1) (1 + m/2), or m/2, times 2^-126.
-__device__ __forceinline__ void e2m1x8_to_tiny_bf16x2(u32 w, u32 (&pairs)[4]) {
-  constexpr u32 kMagnitudes = 0x01C001C0u, kSigns = 0x80008000u;
-  pairs[0] = ((w << 6) & kMagnitudes) | ((w << 12) & kSigns);
-  pairs[1] = ((w << 2) & kMagnitudes) | ((w << 8) & kSigns);
-  pairs[2] = ((w >> 2) & kMagnitudes) | ((w << 4) & kSigns);
-  pairs[3] = ((w >> 6) & kMagnitudes) | (w & kSigns);
-}
-// The same four pairs from a word in kiln's prepared order (moe/mxfp4_prepared.h), in 9
-// instructions instead of 15: the layout puts every bit a pair needs (a value's mantissa and
-// exponent at bf16 bits 6-8, its sign at 15; the pair's second value 16 bits up) where the word, or
-// the word rotated right by 6 or by 12, holds it, and pair 1's bits where the word rotated by 2 or
-// by 10 does. The rotations and masks are the layout's definition.
-__device__ __forceinline__ void e2m1x8_prepared_to_tiny_bf16x2(u32 w, u32 (&pairs)[4]) {
-  constexpr u32 kBits = 0x81C081C0u;
-  pairs[0] = w & kBits;
-  pairs[1] = (__funnelshift_r(w, w, 2) & 0x81808180u) | (__funnelshift_r(w, w, 10) & 0x00400040u);
-  pairs[2] = __funnelshift_r(w, w, 6) & kBits;
-  pairs[3] = __funnelshift_r(w, w, 12) & kBits;
-}
 // Where value v of each 8 sits in the MXFP4 path's k order (0 4 1 5 2 6 3 7): x's copy and act.
 __device__ __forceinline__ int mxfp4_k_slot(int v) { return (v & ~7) | ((v & 3) << 1) | ((v >> 2) & 1); }
-
-// The factor that takes e2m1x8_to_tiny_bf16x2's values to value times the e8m0 scale `bits`:
-// 2^(bits - 1) as a bf16 pair, a normal number for bits <= 128 (scales up to 2).
-__device__ __forceinline__ u32 tiny_scale_bf16x2(u32 bits) { return bits * 0x00800080u + 0x3F003F00u; }
 
 // One step's MMAs. MXFP4 scales above 2 (none in released checkpoints) take kLargeScales: a
 // multiply by 2^126, then by the scale; the caller branches for the whole warp.
@@ -536,7 +498,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
   bool tensor_cores = false;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  tensor_cores = kFormat == kWeightsBf16 && dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES;
+  tensor_cores = kFormat == kWeightsBf16
+                     ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
+                     : p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
 #endif
   // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
   // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
@@ -569,7 +533,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   // Dynamic shared memory: the grouped GEMMs' stages, or the MXFP4 rings, then (local) x.
   extern __shared__ __align__(16) unsigned char moe_dynamic[];
   bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kWarps * kMoeRingStages * kMoeRingStageBytes);
-  if (kFormat != kWeightsBf16) {  // this CTA's copy (local) or the workspace's, by the whole grid
+  if (kFormat != kWeightsBf16 && !tensor_cores) {  // this CTA's copy (local) or the workspace's, by the whole grid
     bf16* x_ordered = local ? x_local : x_reordered;
     const int per_row = p.hidden / 8;
     // Local: the last warps copy first, so that the routing warps (the first) have the least to
@@ -676,6 +640,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
+    __shared__ MoeConverterJob converter_jobs[kMoeConverterJobSlots];  // MXFP4's converters
     MoeGemmPipeline pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
     pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
@@ -683,16 +648,17 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     pipe.tile_of_stage = tile_of_stage;
     pipe.slice_after = &slice_after;
     pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment
-    if (threadIdx.x == 0) moe_gemm_init_barriers(pipe);
+    pipe.stage_bytes = kFormat == kWeightsBf16 ? kMoeStageBytes : kMoeMxfp4StageBytes;
+    if (threadIdx.x == 0) moe_gemm_init_barriers(pipe, kFormat != kWeightsBf16);
     bf16* act16 = reinterpret_cast<bf16*>(act);
     bf16* y16 = reinterpret_cast<bf16*>(y);
     int slice = 0;
     grid_barrier();
-    moe_gemm_phase<true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
-                                                                shared_address(partials), &gemm_counters[0]);
+    moe_gemm_phase<kFormat, true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
+                                                                         shared_address(partials), &gemm_counters[0], converter_jobs);
     grid_barrier();
-    moe_gemm_phase<false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
-                                                                 shared_address(partials), &gemm_counters[1]);
+    moe_gemm_phase<kFormat, false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
+                                                                          shared_address(partials), &gemm_counters[1], converter_jobs);
   }
 #endif
   if (!tensor_cores) {

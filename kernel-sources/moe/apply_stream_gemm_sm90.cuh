@@ -28,18 +28,27 @@
 #include "common/vector_memory.cuh"
 #include "common/wgmma_sm90.cuh"
 #include "moe/moe_common.cuh"
+#include "moe/mxfp4_decode.cuh"
 #include "moe/stream_workspace.h"
 
 namespace kiln {
 
 enum {
   kMoeTileM = KILN_MOE_GEMM_ROWS,  // routed pairs per tile
-  kMoeTileN = 256,                 // output columns per tile
+  kMoeTileN = 256,                 // output columns per tile (bf16 weights)
+  kMoeMxfp4TileN = 128,            // ... with MXFP4 weights
   kMoeTileK = 64,                  // one 128-byte swizzle atom of 16-bit values
   kMoeStages = 4,
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
-  kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
-  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy
+  kMoeMxfp4StageBytes = (kMoeTileM + kMoeMxfp4TileN) * kMoeTileK * 2,
+  kMoeConverterThreads = 256,  // MXFP4: warpgroups 2 and 3 convert B (the first also copies A)
+  kMoeConverterBarrier = 8,    // their named barrier (bar.sync), once per slice
+  kMoeConverterAhead = 5,      // slices whose weight bytes each converter has in flight
+  kMoeConverterSlots = kMoeConverterAhead + 1,
+  kMoeConverterSlotBytes = kMoeConverterThreads * (16 + 4),
+  kMoeConverterJobSlots = 8,  // at least kMoeConverterAhead + 1
+  kMoeMathThreads = 256,      // warpgroups 0 and 1: the MMAs and epilogues
+  kMoeProducerThread = 256,   // the first thread of warpgroup 2: every copy
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
   kMoeStagingBytes = 1024,
@@ -47,6 +56,17 @@ enum {
 };
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
+static_assert(kMoeStages * kMoeMxfp4StageBytes + 1024 + kMoeConverterSlots * kMoeConverterSlotBytes == KILN_MOE_GEMM_MXFP4_SHARED_BYTES,
+              "... and the MXFP4 ones, with the converters' raw ring");
+static_assert(kMoeConverterJobSlots > kMoeConverterAhead, "a job stays until its slice is converted");
+static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMathThreads + kMoeConverterThreads, "MXFP4: two math, two converter warpgroups");
+
+// Output columns per tile: 256 with bf16 weights (m64n256 per math warpgroup, in the 12-warp CTA
+// with 168 registers a thread), 128 with MXFP4 (m64n128 in the 16-warp CTA's 128).
+template <int kFormat>
+struct MoeGemmTileN {
+  enum { value = kFormat == kWeightsBf16 ? kMoeTileN : kMoeMxfp4TileN };
+};
 
 // The gated activation (moe_common.cuh) on MUFU approximations: the epilogue runs while no MMA
 // does. sigmoid(a x) = 1 / (1 + 2^(-a x log2 e)).
@@ -66,31 +86,32 @@ struct MoeGemmTile {
 };
 
 // Tile `tile` of the order (expert, column block, pair block) with pair blocks fastest.
-__device__ __forceinline__ MoeGemmTile find_gemm_tile(const int* mtile_start, const int* pair_start, int experts, int n_tiles, int tile) {
+__device__ __forceinline__ MoeGemmTile find_gemm_tile(const int* mtile_start, const int* pair_start, int experts, int n_tiles, int tile,
+                                                      int tile_n) {
   const int e = find_expert(mtile_start, experts, tile, n_tiles);
   const int m_tiles = mtile_start[e + 1] - mtile_start[e], local = tile - mtile_start[e] * n_tiles;
   MoeGemmTile t;
   t.expert = e;
   t.first = pair_start[e] + (local % m_tiles) * kMoeTileM;
   t.count = min(kMoeTileM, pair_start[e + 1] - t.first);
-  t.n0 = (local / m_tiles) * kMoeTileN;
+  t.n0 = (local / m_tiles) * tile_n;
   return t;
 }
 
 // What one projection's tiles share, from the parameters and the group phase's offsets.
-template <bool kUp>
+template <bool kUp, int kTileN>
 struct MoeGemmShape {
   const int *mtile_start, *pair_start, *pairs;
   int n_total, n_tiles, total_tiles, k_steps;
   __device__ MoeGemmShape(const KilnMoeParams& p, const int* mtile_start_, const int* pair_start_, const int* pairs_)
       : mtile_start(mtile_start_), pair_start(pair_start_), pairs(pairs_) {
     n_total = kUp ? 2 * p.intermediate : p.hidden;  // a multiple of 64
-    n_tiles = (n_total + kMoeTileN - 1) / kMoeTileN;
+    n_tiles = (n_total + kTileN - 1) / kTileN;
     total_tiles = mtile_start[p.num_experts] * n_tiles;
     k_steps = (kUp ? p.hidden : p.intermediate) / kMoeTileK;
   }
   __device__ MoeGemmTile tile(const KilnMoeParams& p, int index) const {
-    return find_gemm_tile(mtile_start, pair_start, p.num_experts, n_tiles, index);
+    return find_gemm_tile(mtile_start, pair_start, p.num_experts, n_tiles, index, kTileN);
   }
 };
 
@@ -127,20 +148,22 @@ struct MoeGemmPipeline {
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
   int* slice_after;      // the running slice count after a phase, from the producer thread
   unsigned stage_base;   // stage 0, 1024-byte aligned
+  unsigned stage_bytes;  // kMoeStageBytes, or kMoeMxfp4StageBytes
   __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
   __device__ unsigned told_barrier(int slice) const { return told + 8 * (slice % kMoeStages); }
   __device__ unsigned empty_barrier(int slice) const { return empty + 8 * (slice % kMoeStages); }
-  __device__ unsigned stage(int slice) const { return stage_base + (slice % kMoeStages) * kMoeStageBytes; }
+  __device__ unsigned stage(int slice) const { return stage_base + (slice % kMoeStages) * stage_bytes; }
   // Uses of a stage complete its barriers' phases in turn: slice s is use s / kMoeStages.
   static __device__ unsigned parity(int slice) { return (slice / kMoeStages) & 1; }
 };
 
 // Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
-// their bytes), empty once each math thread has released it. `told` hands over the tile index by
-// a plain arrival: thread to thread, without the copies' completion in between.
-__device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe) {
+// their bytes) and, with MXFP4 weights, each converter warp has written its part of B (one
+// arrival a warp); empty once each math thread has released it. `told` hands over the tile index by a plain
+// arrival: thread to thread, without the copies' completion in between.
+__device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe, bool mxfp4) {
   for (int s = 0; s < kMoeStages; ++s) {
-    mbarrier_init(pipe.full + 8 * s, 1);
+    mbarrier_init(pipe.full + 8 * s, mxfp4 ? 1 + kMoeConverterThreads / 32 : 1);
     mbarrier_init(pipe.empty + 8 * s, kMoeMathThreads);
     mbarrier_init(pipe.told + 8 * s, 1);
   }
@@ -165,7 +188,7 @@ struct MoeGemmProducer {
   int claimed;    // the CTA's tile after `tile`
   bool finished;  // the end marker went out
 
-  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, int* counter) {
+  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, int* counter) {
     tile = blockIdx.x;
     ks = 0;
     finished = false;
@@ -173,7 +196,8 @@ struct MoeGemmProducer {
     claimed = tile < s.total_tiles ? gridDim.x + atomic_add_global(counter, 1) : s.total_tiles;
   }
 
-  __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice, int* counter) {
+  __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, const MoeGemmPipeline& pipe, int slice,
+                       int* counter) {
     if (slice >= kMoeStages) {
       const int before = slice - kMoeStages;
       mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
@@ -231,8 +255,8 @@ struct MoeGemmProducer {
 
 // The producer thread's whole phase, from the CTA's running slice count; returns the count after it.
 template <bool kUp, int kLayout>
-__device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
-                                                int* counter) {
+__device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, const MoeGemmPipeline& pipe,
+                                                int slice, int* counter) {
   tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
   tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2]);
   MoeGemmProducer<kUp, kLayout> producer;
@@ -248,10 +272,11 @@ __device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const Mo
 // mbarrier arrival orders only the arriving thread's accesses (with one arrival per warpgroup,
 // compute-sanitizer's racecheck reported the other threads' reads of tile_of_stage against the
 // producer's rewrite).
-template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe,
+template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2, int kTileN, int kAccRows>
+__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kTileN>& s, const MoeGemmPipeline& pipe,
                                               const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging,
-                                              float (&acc256)[32][4]) {
+                                              float (&acc256)[kAccRows][4]) {
+  static_assert(kN / 8 <= kAccRows, "the accumulators hold the warpgroup's columns");
   const int math_warp = (threadIdx.x >> 5) & 7, warp = math_warp & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
@@ -429,10 +454,13 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
 }
 
 // A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
-template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp>& s, const MoeGemmPipeline& pipe, int slice,
-                                                 int warpgroup, bf16* act, bf16* y, unsigned staging) {
-  float acc[32][4];
+// MXFP4's 128-column tiles always split their rows between the warpgroups (m64n128 each).
+template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
+__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value>& s,
+                                                 const MoeGemmPipeline& pipe, int slice, int warpgroup, bf16* act, bf16* y,
+                                                 unsigned staging) {
+  constexpr int kTileN = MoeGemmTileN<kFormat>::value;
+  float acc[kTileN / 8][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
     // is refilled only after this slice is released.
@@ -446,12 +474,215 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
     t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if (t.count <= 64)
-      moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-    else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128)
+    if constexpr (kTileN == kMoeMxfp4TileN) {
       moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    } else {
+      if (t.count <= 64)
+        moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+      else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128)
+        moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+      else
+        moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    }
+  }
+}
+
+// The MXFP4 converters' named barrier (kMoeConverterBarrier, kMoeConverterThreads).
+__device__ __forceinline__ void converter_barrier() {
+  static_assert(kMoeConverterBarrier == 8 && kMoeConverterThreads == 256, "the literals below");
+  asm volatile("bar.sync 8, 256;" ::: "memory");
+}
+
+// One slice's work for the MXFP4 converters, written by their first thread (the leader)
+// kMoeConverterAhead slices ahead of its conversion.
+struct MoeConverterJob {
+  int expert;  // -1: the phase's end
+  int n0, ks;
+  int tile, first, count;  // for the leader: the tile (named in tile_of_stage at ks 0) and its pairs
+};
+
+// The weight row of tile column `column` (0..127) of an MXFP4 tile, and whether it exists: W13
+// rows n0 + column with gate and up interleaved, and for down W2's; with gate and up concatenated,
+// the gate rows of the tile's 64 units, then their up rows, as the epilogue reads them.
+template <bool kUp, int kLayout>
+__device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, int column, int n_total, bool* valid) {
+  if (kUp && kLayout != kGateUpInterleaved) {
+    const int unit = n0 / 2 + (column & 63);
+    *valid = unit < p.intermediate;
+    return column >= 64 ? p.intermediate + unit : unit;
+  }
+  *valid = n0 + column < n_total;
+  return n0 + column;
+}
+
+// Where one converter's share of a slice is in global memory: 16 bytes (32 e2m1 values) of one
+// weight row and the byte of their e8m0 scale; null pointers past the matrix or the phase.
+struct MoeConverterSource {
+  const unsigned char* packed;
+  const unsigned char* scale;
+};
+
+template <bool kUp, int kLayout>
+__device__ __forceinline__ MoeConverterSource mxfp4_converter_source(const KilnMoeParams& p, const MoeConverterJob& job, int n_total,
+                                                                     int column, int half) {
+  bool valid = false;
+  const long long row = job.expert < 0 ? 0 : mxfp4_tile_row<kUp, kLayout>(p, job.n0, column, n_total, &valid);
+  if (!valid) return {nullptr, nullptr};
+  const int value0 = job.ks * kMoeTileK + 32 * half;  // the first of this thread's 32 values along K
+  return {static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + job.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
+              row * (kUp ? p.w13_row_stride : p.w2_row_stride) + value0 / 2,
+          (kUp ? p.w13_scale : p.w2_scale) + job.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
+              row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + value0 / 32};
+}
+
+// The converters' raw ring, after the stages in dynamic shared memory: per slot, each converter's
+// 16 bytes of weights, then (after all of them) the aligned 4-byte word holding its scale byte.
+// cp.async fills it kMoeConverterAhead slices ahead; each converter reads back only what it
+// copied, so no barrier guards it.
+__device__ __forceinline__ unsigned converter_packed_slot(unsigned ring, int slice, int converter) {
+  return ring + (slice % kMoeConverterSlots) * kMoeConverterSlotBytes + 16 * converter;
+}
+__device__ __forceinline__ unsigned converter_scale_slot(unsigned ring, int slice, int converter) {
+  return ring + (slice % kMoeConverterSlots) * kMoeConverterSlotBytes + 16 * kMoeConverterThreads + 4 * converter;
+}
+
+template <bool kUp, int kLayout>
+__device__ __forceinline__ void mxfp4_converter_fetch(const KilnMoeParams& p, const MoeConverterJob& job, int n_total, int column, int half,
+                                                      unsigned ring, int slice, int converter) {
+  const MoeConverterSource from = mxfp4_converter_source<kUp, kLayout>(p, job, n_total, column, half);
+  const bool valid = from.packed != nullptr;
+  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? from.packed : kUp ? p.w13 : p.w2, valid);
+  copy4_async_or_zero(converter_scale_slot(ring, slice, converter),
+                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(from.scale) & ~3ull)
+                      : kUp ? p.w13
+                            : p.w2,
+                      valid);
+  commit_copies();
+}
+
+// The 32 values as bf16 (value times scale, exactly) into B's row `column`, 16-byte chunks
+// 4 half .. 4 half + 3 of its 128 bytes, in the 128-byte swizzle the MMAs read (chunk c of row r at
+// c ^ (r % 8)). Each e2m1 word decodes to pairs of values (i, i + 4), permuted back to K order.
+template <int kFormat>
+__device__ __forceinline__ void mxfp4_converter_store(const u32 (&words)[4], u32 scale_bits, unsigned b_region, int column, int half) {
+  const bool large = scale_bits > 128u;  // scales above 2: none in released checkpoints
+  const u32 scale = large ? e8m0_to_bf16x2(scale_bits) : tiny_scale_bf16x2(scale_bits);
+  const unsigned row_address = b_region + column * 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    u32 pairs[4];
+    if (kFormat == kWeightsMxfp4Prepared)
+      e2m1x8_prepared_to_tiny_bf16x2(words[j], pairs);
     else
-      moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+      e2m1x8_to_tiny_bf16x2(words[j], pairs);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (large) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
+      pairs[i] = bf16x2_mul(pairs[i], scale);
+    }
+    const int chunk = 4 * half + j;
+    const unsigned to = row_address + (((chunk ^ column) & 7) << 4);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(to), "r"(__byte_perm(pairs[0], pairs[1], 0x5410)),
+                 "r"(__byte_perm(pairs[2], pairs[3], 0x5410)), "r"(__byte_perm(pairs[0], pairs[1], 0x7632)),
+                 "r"(__byte_perm(pairs[2], pairs[3], 0x7632))
+                 : "memory");
+  }
+}
+
+// The MXFP4 producers' whole phase, by warpgroups 2 and 3, from the CTA's running slice count;
+// returns the count after it. The leader (their first thread) claims tiles as the bf16 producer
+// does, writes each slice's job kMoeConverterAhead slices ahead, and copies A by TMA. Every
+// converter (thread i: tile column i / 2, half i % 2 of its 64 K values) copies its weight bytes
+// into the raw ring as soon as their job is known, then, once the stage is released, writes them
+// to B as bf16; after a proxy fence (the MMAs read B through the async proxy) each warp arrives
+// once on the stage's full barrier.
+template <bool kUp, int kFormat, int kLayout>
+__device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
+                                                      const MoeGemmPipeline& pipe, int slice, int* counter, MoeConverterJob* jobs) {
+  constexpr int kAhead = kMoeConverterAhead;
+  const int converter = threadIdx.x - kMoeMathThreads, column = converter >> 1, half = converter & 1;
+  const bool leader = converter == 0;
+  const unsigned ring = pipe.stage_base + kMoeStages * pipe.stage_bytes;
+  // The leader's claim state, as in MoeGemmProducer.
+  MoeGemmTile t{0, 0, 0, 0};
+  int tile = blockIdx.x, ks = 0, claimed = 0;
+  auto next_job = [&]() {
+    MoeConverterJob j{-1, 0, 0, -1, 0, 0};
+    if (tile >= s.total_tiles) return j;
+    j = {t.expert, t.n0, ks, tile, t.first, t.count};
+    if (++ks == s.k_steps) {
+      ks = 0;
+      tile = claimed;
+      if (tile < s.total_tiles) {
+        t = s.tile(p, tile);
+        claimed = gridDim.x + atomic_add_global(counter, 1);
+      }
+    }
+    return j;
+  };
+  if (leader) {
+    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
+    if (tile < s.total_tiles) t = s.tile(p, tile);
+    claimed = tile < s.total_tiles ? gridDim.x + atomic_add_global(counter, 1) : s.total_tiles;
+    for (int i = 0; i < kAhead; ++i) jobs[(slice + i) % kMoeConverterJobSlots] = next_job();
+  }
+  converter_barrier();
+  for (int i = 0; i < kAhead; ++i) {
+    mxfp4_converter_fetch<kUp, kLayout>(p, jobs[(slice + i) % kMoeConverterJobSlots], s.n_total, column, half, ring, slice + i, converter);
+  }
+  for (;; ++slice) {
+    if (leader) jobs[(slice + kAhead) % kMoeConverterJobSlots] = next_job();
+    const MoeConverterJob job = jobs[slice % kMoeConverterJobSlots];
+    const unsigned full = pipe.full_barrier(slice), a = pipe.stage(slice);
+    if (leader) {
+      if (slice >= kMoeStages) {
+        const int before = slice - kMoeStages;
+        mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+        mbarrier_wait(pipe.told_barrier(before), MoeGemmPipeline::parity(before));
+      }
+      // This slice's A, as the bf16 producer copies it.
+      if (job.expert < 0 || job.ks == 0) pipe.tile_of_stage[slice % kMoeStages] = job.expert < 0 ? -1 : job.tile;
+      mbarrier_arrive(pipe.told_barrier(slice));
+      if (job.expert < 0) {
+        mbarrier_arrive(full);
+      } else {
+        const bool two_a = job.count > 64;
+        mbarrier_arrive_expect_tx(full, (two_a ? 128 : 64) * kMoeTileK * 2);
+        const void* a_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
+        tma_load_2d(a, a_map, full, job.ks * kMoeTileK, job.first);
+        if (two_a) tma_load_2d(a + 64 * 128, a_map, full, job.ks * kMoeTileK, job.first + 64);
+      }
+    }
+    converter_barrier();  // the job kAhead slices on is written
+    mxfp4_converter_fetch<kUp, kLayout>(p, jobs[(slice + kAhead) % kMoeConverterJobSlots], s.n_total, column, half, ring, slice + kAhead,
+                                        converter);
+    if (job.expert < 0) {
+      if (slice >= kMoeStages) mbarrier_wait(pipe.full_barrier(slice - kMoeStages), MoeGemmPipeline::parity(slice - kMoeStages));
+      __syncwarp();
+      if ((converter & 31) == 0) mbarrier_arrive(full);
+      wait_copies<0>();  // nothing left in flight into a ring the next phase reuses
+      return slice + 1;
+    }
+    wait_copies<kAhead>();  // this slice's bytes are in the ring
+    u32 words[4], scale_word;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                 : "r"(converter_packed_slot(ring, slice, converter)));
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(converter_scale_slot(ring, slice, converter)));
+    const MoeConverterSource from = mxfp4_converter_source<kUp, kLayout>(p, job, s.n_total, column, half);
+    const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(from.scale) & 3))) & 0xFFu;
+    if (slice >= kMoeStages) {
+      const int before = slice - kMoeStages;
+      if (!leader) mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+      // Each arrival of this thread on a barrier is matched by a wait of its own (synccheck).
+      mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
+    }
+    mxfp4_converter_store<kFormat>(words, scale_bits, a + kMoeTileM * 128, column, half);
+    // Every lane's writes are made visible to the async proxy, then ordered before its warp's one
+    // arrival (256 arrivals a slice on one barrier serialized in shared memory).
+    fence_async_shared();
+    __syncwarp();
+    if ((converter & 31) == 0) mbarrier_arrive(full);
   }
 }
 
@@ -465,18 +696,24 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
 // copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
 // warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
-template <bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
+template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start,
-                               const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
+                               const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter,
+                               MoeConverterJob* jobs) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
-  const MoeGemmShape<kUp> s(p, mtile_start, pair_start, pairs);
+  const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
   if (warpgroup < 2) {
-    moe_gemm_consume<kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
+    moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
     // act (up) is read by down's copies after the grid barrier that follows.
     if (kUp) fence_async_global();
   } else {
-    if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
-    __syncwarp();
+    if constexpr (kFormat != kWeightsBf16) {
+      const int after = moe_gemm_produce_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice, tile_counter, jobs);
+      if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = after;
+    } else {
+      if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
+      __syncwarp();
+    }
   }
   __syncthreads();
   slice = *pipe.slice_after;

@@ -33,6 +33,16 @@
 // a third that issues the copies.
 KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return mxfp4 ? 16 : 12; }
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
+// With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA: tiles of 128
+// output columns (m64n128, 64 accumulators a thread within the 128 registers), four stages of
+// (128 + 128) x 64 bf16, B converted from e2m1 by warpgroups 2 and 3 (whose ring of raw weight
+// bytes, 6 slots of 256 x 20 bytes, follows the stages). They take over from the
+// streaming phases from this many tokens (on an H200, GPT-OSS-120B's layer with prepared weights:
+// 3.57 ms against 3.91 at T = 1024, 3.55 against 2.08 at T = 512), which also keeps them clear of
+// local routing (at most KILN_MOE_LOCAL_MAX_TOKENS tokens), whose dynamic shared memory could
+// otherwise be this size.
+#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (4 * (128 + 128) * 64 * 2 + 1024 + 6 * 256 * 20)
+#define KILN_MOE_GEMM_MXFP4_MIN_TOKENS 1024
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
 // 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the

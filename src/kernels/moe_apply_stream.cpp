@@ -1,7 +1,7 @@
 // Registration of the weight-streaming MoE kernel (kernel-sources/moe/apply_stream.cuh): one
 // cooperative launch with grid-wide barriers and a stream-ordered workspace, on NVIDIA sm_80+; on
-// sm_90a with bf16 weights its up and down phases become grouped GEMMs on wgmma from a token count
-// on (moe/apply_stream_gemm_sm90.cuh).
+// sm_90a its up and down phases become grouped GEMMs on wgmma from a token count on, with MXFP4
+// weights converted to bf16 in shared memory (moe/apply_stream_gemm_sm90.cuh).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -27,14 +27,19 @@ constexpr long long kGemmMinPairs = 16;
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-// The grouped GEMMs need wgmma (sm_90a), bf16 weights, and H and I in whole 64-deep K slices
+// The grouped GEMMs need wgmma (sm_90a) and H and I in whole 64-deep K slices
 // (apply_stream_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads: 16-byte
-// aligned, with row and expert strides in whole 16 bytes.
+// aligned, with row and expert strides in whole 16 bytes (strides count stored elements: bf16, or
+// bytes of two e2m1 values). With MXFP4 weights they take over from KILN_MOE_GEMM_MXFP4_MIN_TOKENS
+// tokens, which the kernel checks too.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
-  const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % 8 == 0 &&
-                       p.w13_expert_stride % 8 == 0 && p.w2_row_stride % 8 == 0 && p.w2_expert_stride % 8 == 0;
-  return platform.has_feature("mma:wgmma") && p.w13_scale == nullptr && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 &&
-         static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+  const bool mxfp4 = p.w13_scale != nullptr;
+  const long long per16 = mxfp4 ? 16 : 8;  // stored elements in 16 bytes
+  const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % per16 == 0 &&
+                       p.w13_expert_stride % per16 == 0 && p.w2_row_stride % per16 == 0 && p.w2_expert_stride % per16 == 0;
+  const bool enough =
+      mxfp4 ? p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+  return platform.has_feature("mma:wgmma") && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 && enough;
 }
 
 // The grouped GEMMs' operands as TMA tensor maps (apply_stream_gemm_sm90.cuh): A boxes of 64 rows x 64 K
@@ -54,6 +59,9 @@ std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Pla
     return TensorMapRequest::of(slot_offset(slot), base, {columns, count, static_cast<uint64_t>(p.num_experts)},
                                 {static_cast<uint64_t>(row_stride) * 2, static_cast<uint64_t>(expert_stride) * 2}, {64, box_rows, 1});
   };
+  if (p.w13_scale != nullptr) {  // MXFP4: the converters load the weights; only A goes through TMA
+    return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs), rows(kMoeMapAct, ws + layout.act, inter, pairs)};
+  }
   return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs),
           weights(kMoeMapW13, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 256),
           weights(kMoeMapW13By32, p.w13, hidden, 2 * inter, p.w13_row_stride, p.w13_expert_stride, 32),
@@ -73,7 +81,7 @@ uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& pl
 // The launch's dynamic shared memory: the grouped-GEMM stages where those phases run (its size
 // selects them in the kernel), the MXFP4 rings (and x) otherwise, none for bf16 streaming.
 uint32_t dynamic_shared_bytes(const KilnMoeParams& p, const Platform& platform) {
-  if (use_grouped_gemm(p, platform)) return KILN_MOE_GEMM_SHARED_BYTES;
+  if (use_grouped_gemm(p, platform)) return p.w13_scale != nullptr ? KILN_MOE_GEMM_MXFP4_SHARED_BYTES : KILN_MOE_GEMM_SHARED_BYTES;
   return p.w13_scale != nullptr ? mxfp4_streaming_shared_bytes(p, platform) : 0;
 }
 

@@ -1423,8 +1423,8 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .interleaved = false,
        .bias = false,
        .all_to_one = true},
-      // 8192 tokens, a long prefill's count, on the grouped GEMMs (bf16) and the streaming phases
-      // (MXFP4, standard and prepared).
+      // 8192 tokens, a long prefill's count, on the grouped GEMMs (bf16, and MXFP4 standard and
+      // prepared, converted to bf16 on the way).
       {.mxfp4 = false,
        .tokens = 8192,
        .hidden = 256,
@@ -1460,6 +1460,38 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
   }
   unsetenv("KILN_POISON_WORKSPACE");
   Registry::global().set_override(moe, "");
+}
+
+// The grouped GEMMs with MXFP4 weights (from KILN_MOE_GEMM_MXFP4_MIN_TOKENS tokens on sm_90a):
+// standard and prepared weights, both layouts, both activations, biases, a last column block only
+// half live (H = 192, and GPT-OSS's H = 2880, 45 K steps of up), and every token on one expert. Elsewhere (no wgmma) the same cases run on
+// the streaming phases.
+TEST_F(Gpu, MoeMxfp4GroupedGemmMatchesFloat64) {
+  auto mxfp4_case = [](int tokens, int hidden, int inter, int experts, int top_k, int routing, int activation, bool interleaved, bool bias,
+                       bool all_to_one) {
+    return MoeCase{.mxfp4 = true,
+                   .tokens = tokens,
+                   .hidden = hidden,
+                   .inter = inter,
+                   .experts = experts,
+                   .top_k = top_k,
+                   .routing = routing,
+                   .renormalize = true,
+                   .activation = activation,
+                   .interleaved = interleaved,
+                   .bias = bias,
+                   .all_to_one = all_to_one};
+  };
+  const std::vector<MoeCase> cases = {
+      mxfp4_case(1024, 256, 128, 8, 4, 0, 1, true, true, false),   mxfp4_case(1100, 512, 512, 16, 4, 1, 0, false, false, false),
+      mxfp4_case(1024, 192, 320, 4, 2, 2, 1, true, true, true),    mxfp4_case(1024, 2880, 256, 4, 2, 0, 1, true, true, false),
+      mxfp4_case(2000, 256, 192, 32, 4, 1, 1, false, true, false),
+  };
+  setenv("KILN_POISON_WORKSPACE", "1", 1);
+  Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.stream");
+  for (const auto& c : cases) run_moe_case(rng, c);
+  Registry::global().set_override({kFamilyMoe, kModeApply}, "");
+  unsetenv("KILN_POISON_WORKSPACE");
 }
 
 // One MXFP4 weight matrix [rows, cols] of zero codes, every block scaled by `scale`.
