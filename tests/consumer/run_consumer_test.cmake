@@ -36,3 +36,21 @@ run_expect("(compiled)" "compiling in this process" shared "${WORK_DIR}/build/co
 run_expect("compiling in this process" "" static "${WORK_DIR}/build/consumer_static")
 run_expect("(compiled)" "compiling in this process" static-worker
            KILN_COMPILE_WORKER=${WORK_DIR}/prefix/libexec/kiln/kiln-compile-worker "${WORK_DIR}/build/consumer_static")
+
+# The kernel-plugin template (examples/kernel-plugin) builds against the installed kiln, loads
+# through KILN_PLUGIN_PATH, and its kernel compiles through the JIT.
+run(${CMAKE_COMMAND} -S "${PLUGIN_TEMPLATE_SOURCE}" -B "${WORK_DIR}/plugin-build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/plugin-build" -j 2)
+set(plugin_env KILN_PLUGIN_PATH=${WORK_DIR}/plugin-build/acme_kiln_plugin.so KILN_PLUGINS_OUTRANK=1)
+run_expect("acme.attention.kv_append.rows" "" plugin-list ${plugin_env} "${WORK_DIR}/prefix/bin/kiln" list)
+run_expect("kv_dtype=e4m3 is not one of the plugin's kv_dtype=bf16|f16" "" plugin-explain ${plugin_env} "${WORK_DIR}/prefix/bin/kiln" explain kv_cache_append
+           --sig dtype=f16,kv_dtype=e4m3 --target sm_90a)
+# No kernel runs mixed 16-bit dtypes: explain exits 3, and says why the plugin declined.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env ${plugin_env} "${WORK_DIR}/prefix/bin/kiln" explain kv_cache_append
+                --sig dtype=f16,kv_dtype=bf16 --target sm_90a RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(FIND "${out}${err}" "acme copies rows: the cache must hold the rows' own dtype" found)
+if(NOT rc EQUAL 3 OR found EQUAL -1)
+  message(FATAL_ERROR "explain of a mixed-dtype signature (exit ${rc}) did not give the plugin's reason:\n${out}${err}")
+endif()
+run_expect("\"name_expression\": \"acme_kv_append<unsigned short>\"" "" plugin-compile ${plugin_env} "${WORK_DIR}/prefix/bin/kiln" compile
+           kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a --json)
