@@ -534,6 +534,28 @@ TEST_F(RemoteCacheTest, SignedFleetPublishesFromTheBuildBoxOnly) {
   EXPECT_EQ(nlohmann::json::parse(out)["origin"], "remote");
 }
 
+TEST_F(RemoteCacheTest, EnvAndStatsReportTheRemoteInTextAndJson) {
+  RedisServer server(dir("redis"));
+  const std::string env = "KILN_CACHE_REMOTE=" + server.url();
+  int rc = -1;
+  std::string out = cli(fmt::format("--cache {} env", dir("node")), &rc, env);
+  ASSERT_EQ(rc, 0) << out << last_err_;
+  EXPECT_NE(out.find("\"reachable\":true"), std::string::npos) << out;
+  out = cli(fmt::format("--cache {} env --json", dir("node")), &rc, env);
+  ASSERT_EQ(rc, 0) << out << last_err_;
+  EXPECT_EQ(nlohmann::json::parse(out)["settings"]["remote"]["url"], server.url() + "/0");
+  out = cli(fmt::format("--cache {} cache stats", dir("node")), &rc, env);
+  ASSERT_EQ(rc, 0) << out << last_err_;
+  EXPECT_NE(out.find("round trip"), std::string::npos) << out;
+  // Unreachable: said, not fatal.
+  out = cli(fmt::format("--cache {} env", dir("node")), &rc, "KILN_CACHE_REMOTE=redis://127.0.0.1:1");
+  ASSERT_EQ(rc, 0) << out << last_err_;
+  EXPECT_NE(out.find("cannot connect"), std::string::npos) << out;
+  out = cli(fmt::format("--cache {} cache stats --json", dir("node")), &rc, "KILN_CACHE_REMOTE=redis://127.0.0.1:1");
+  ASSERT_EQ(rc, 0) << out << last_err_;
+  EXPECT_EQ(nlohmann::json::parse(out)["remote_server"]["reachable"], false);
+}
+
 TEST_F(RemoteCacheTest, CommandsKeepWorkingWhenTheRemoteIsDownOrRefusesUs) {
   RedisServer server(dir("redis"), {"--requirepass", "right"});
   for (const std::string& url : {server.url("wrong"), std::string("redis://127.0.0.1:1")}) {

@@ -523,7 +523,8 @@ int cmd_env(const std::string& cache_dir, bool as_json) {
                              cache["persistent"].get<bool>() ? "a database" : "no database");
   }
   for (const auto& [name, value] : j["settings"].items()) {
-    std::cout << fmt::format("{:<10} {}\n", name, value.is_object() ? std::string(value["error"]) : value.dump());
+    const bool failed = value.is_object() && value.contains("error") && value["error"].is_string();
+    std::cout << fmt::format("{:<10} {}\n", name, failed ? value["error"].get<std::string>() : value.dump());
   }
   for (const auto& [name, value] : j["environment"].items()) std::cout << fmt::format("env        {}={}\n", name, std::string(value));
   return 0;
