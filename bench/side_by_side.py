@@ -13,6 +13,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -511,10 +512,54 @@ def plot(rows, op, path):
     fig.savefig(path, dpi=110)
 
 
+def plot_moe_ratios(rows, path):
+    """moe_apply per weight format (and biases) against the token count: the bf16 grouped GEMMs'
+    time over kiln's (above 1, kiln is faster), one line per format."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    series = {}
+    for r in rows:
+        m = re.match(r"\S+ (\S+)( bias)? T=(\d+)$", r.get("shape", ""))
+        if r["op"] != "moe_apply" or not m or "median_ms" not in r.get("grouped_mm_x2", {}):
+            continue
+        label = m.group(1) + (", biases" if m.group(2) else "")
+        series.setdefault(label, []).append((int(m.group(3)), r["grouped_mm_x2"]["median_ms"] / r["kiln"]["median_ms"]))
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in sorted(series.items()):
+        points.sort()
+        ax.plot([t for t, _ in points], [v for _, v in points], marker="o", label=label)
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    tokens = sorted({t for points in series.values() for t, _ in points})
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ratios = [v for points in series.values() for _, v in points]
+    ticks = [2.0 ** e for e in range(-6, 7) if min(ratios) / 2 <= 2.0 ** e <= max(ratios) * 2]
+    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("tokens (T)")
+    ax.set_ylabel("kiln speed: grouped_mm ms / kiln ms")
+    ax.set_title("moe_apply against two torch._grouped_mm on bf16 weights")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_all(rows, out):
+    for op in ("mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply"):
+        plot(rows, op, os.path.join(out, f"{op}.png"))
+    plot_moe_ratios(rows, os.path.join(out, "moe_apply-ratios.png"))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
+    ap.add_argument("--lib", help="libkiln.so (required unless --replot)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--replot", help="draw the plots of a side_by_side.json from an earlier run into --out, and stop (no GPU needed)")
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe", "extend", "append"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
@@ -524,6 +569,13 @@ def main():
     ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
     args = ap.parse_args()
+    if args.replot:
+        os.makedirs(args.out, exist_ok=True)
+        with open(args.replot) as f:
+            plot_all(json.load(f)["rows"], args.out)
+        return
+    if not args.lib:
+        ap.error("--lib is required (or --replot)")
     global CUDA_GRAPHS
     CUDA_GRAPHS = args.cuda_graphs
     torch.cuda.init()
@@ -597,8 +649,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
         json.dump({"device": props.name, "torch": torch.__version__, "ceilings": ceil, "rows": rows}, f, indent=1)
-    for op in ("mha_prefill", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "kv_cache_append", "moe_apply"):
-        plot(rows, op, os.path.join(args.out, f"{op}.png"))
+    plot_all(rows, args.out)
     # The table: per shape, kiln's time and each peer's time as a speed ratio (peer ms / kiln ms).
     print(f"\ndevice {props.name}, torch {torch.__version__}; ceilings: copy {ceil['copy_tbps']:.2f} TB/s, "
           f"bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, fp8 GEMM {ceil.get('fp8_gemm_tflops', float('nan')):.0f} TFLOP/s")
