@@ -1,4 +1,4 @@
-// The tensor-core phases of moe_apply_stream (moe/apply_stream.cuh) for bf16 weights on sm_90a: the up
+// The tensor-core phases of moe_apply_stream (moe/apply_stream.cuh) on sm_90a: the up
 // and down projections as grouped GEMMs on wgmma, when the launch gives the kernel the shared
 // memory for them (src/kernels/moe_apply_stream.cpp decides by token count). Each is a persistent loop
 // over tiles (expert, 256 output columns, 128 of the expert's routed pairs), the pairs' rows
@@ -13,6 +13,10 @@
 // the tile (m64n256k16; 64 x 128 in a projection's last column block when no more are live), or,
 // for an expert's last tile when it holds at most 64 pairs, 64 x 128 of a 64 x 256 tile (half the
 // MMA work). The CTA has 12 warps (stream_workspace.h).
+// MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA with tiles of
+// 128 columns (m64n128 per math warpgroup, within 128 registers a thread): the first thread of
+// warpgroup 2 still copies A by TMA, and warpgroups 2 and 3 fill B with the weights converted to
+// bf16 (moe_gemm_produce_mxfp4).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
 //         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
