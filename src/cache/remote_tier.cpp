@@ -190,6 +190,18 @@ RemoteTier::RemoteTier(RemoteSettings settings) : settings_(std::move(settings))
     warn_once("keys", "kiln cache: KILN_CACHE_TRUSTED_KEYS cannot be used (" + settings_.trusted_keys_error +
                           "): no entry of the remote will be trusted");
   }
+  // The writer may still run while the process exits (it drains its queue from an exit handler,
+  // registered after this constructor). Whatever it uses with static storage is set up now, so
+  // that it is destroyed after that handler has joined the writer, not before.
+  log(LogLevel::kDebug, fmt::format("kiln cache: remote tier {} (prefix {})", settings_.endpoint.redacted, settings_.prefix));
+  redis_client_problem();
+  if (settings_.signing_key || !settings_.trusted_keys.empty()) {
+    try {
+      load_signing_library();
+    } catch (const Error&) {
+      // reported where a row is signed or verified
+    }
+  }
   writer_ = std::thread([this] { run_writer(); });
 }
 

@@ -185,6 +185,8 @@ std::vector<PublicKey> trusted_keys_from_environment() {
   return spec ? parse_trusted_keys(*spec, "KILN_CACHE_TRUSTED_KEYS") : std::vector<PublicKey>{};
 }
 
+void load_signing_library() { sodium(); }
+
 RowSignature sign_row(const CacheRow& row, const SigningKey& key) {
   const std::vector<uint8_t> m = signed_message(row);
   RowSignature signature{};

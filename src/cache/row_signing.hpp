@@ -39,6 +39,11 @@ std::vector<PublicKey> parse_trusted_keys(const std::string& spec, const std::st
 // KILN_CACHE_TRUSTED_KEYS, parsed; empty when unset or empty.
 std::vector<PublicKey> trusted_keys_from_environment();
 
+// Loads libsodium now (it is otherwise loaded at first use). A thread that may sign or verify while
+// the process exits calls this first, so the library's state outlives it. Throws kCacheError when
+// libsodium is missing.
+void load_signing_library();
+
 RowSignature sign_row(const CacheRow& row, const SigningKey& key);
 // Why the row's signature does not make it trusted, or nullopt: the signer must be one of
 // `trusted` and the signature must verify over the row as it is.
