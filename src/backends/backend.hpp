@@ -72,6 +72,9 @@ class VendorBackend {
   virtual std::vector<std::string> base_options(CompilerKind compiler) const = 0;
   // The identity a key records for `compiler`: computed once per process, through `memo`.
   virtual std::string compiler_identity(CompilerKind compiler, const IdentityMemo& memo) = 0;
+  // Whether kiln's compile worker process can run this backend's compiles (built-in backends);
+  // a plugin's compiler runs in the calling process.
+  virtual bool compiles_in_worker() const { return true; }
   // Runs the request's compiler in this process (an offline compiler as a child process under
   // `timeout_seconds`). Throws kiln::Error(kCompileFailed) with the log.
   virtual CompileResult compile(const CompileRequest& request, double timeout_seconds) = 0;
@@ -91,11 +94,11 @@ class VendorBackend {
   virtual void unload(const DeviceFunction& function) noexcept = 0;
   // Encodes a TMA descriptor into the 128 bytes at `slot`; kUnsupported where the vendor has none.
   virtual void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::string& kernel_name) = 0;
-  // Launches with one parameter block passed by value, with what `shape` asks for (dynamic shared
-  // memory, clusters, cooperative, programmatic dependent launch); kUnsupported for what the
-  // vendor lacks.
-  virtual void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params, Stream stream,
-                      const std::string& kernel_name) = 0;
+  // Launches with one parameter block (`params_bytes` long) passed by value, with what `shape`
+  // asks for (dynamic shared memory, clusters, cooperative, programmatic dependent launch);
+  // kUnsupported for what the vendor lacks.
+  virtual void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params,
+                      size_t params_bytes, Stream stream, const std::string& kernel_name) = 0;
 
   // ---- memory and time
   // Device memory ordered on `stream` (from the device's default pool, freed on the stream):
@@ -123,8 +126,9 @@ class VendorBackend {
   virtual float event_elapsed_ms(void* start, void* stop) = 0;
 };
 
-// Every registered backend, in the order kiln prefers them (CUDA first).
-const std::vector<VendorBackend*>& backends();
+// Every registered backend, in the order kiln prefers them (CUDA first, backend plugins last),
+// after the plugins on KILN_PLUGIN_PATH are loaded.
+std::vector<VendorBackend*> backends();
 // The backend for a vendor, a kernel's tag, or a compiler. Throws kiln::Error(kInternal) when
 // none is registered (a build without it).
 VendorBackend& backend_for(Vendor vendor);
@@ -138,6 +142,9 @@ VendorBackend& launch_backend();
 struct BackendRegistrar {
   BackendRegistrar(VendorBackend* backend, int order);
 };
+// A backend plugin's backend (backends/plugin_backend.cpp), after every built-in one; lives until
+// the process exits.
+void register_plugin_backend(VendorBackend* backend);
 // The backend object has static storage: it lives until the process exits, nothing to free.
 #define KILN_REGISTER_BACKEND(Type, order)  \
   static Type kiln_backend_instance_##Type; \

@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include "backends/backend.hpp"
+#include "backends/plugin_backend.hpp"
 #include "kiln/error.hpp"
+#include "kiln/registry.hpp"
+#include "registry/plugin_loader.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -21,6 +24,13 @@ Registered& registered() {
   return r;
 }
 
+// Installed before anything can load a plugin: static initialization of this file, which every
+// program using a backend links.
+const bool plugin_hook_installed = [] {
+  set_backend_plugin_hook(&register_backend_plugin);
+  return true;
+}();
+
 template <typename Match>
 VendorBackend& find_backend(Match match, const std::string& what) {
   for (VendorBackend* b : backends()) {
@@ -31,7 +41,9 @@ VendorBackend& find_backend(Match match, const std::string& what) {
 
 }  // namespace
 
-BackendRegistrar::BackendRegistrar(VendorBackend* backend, int order) {
+namespace {
+
+void add_backend(VendorBackend* backend, int order) {
   Registered& r = registered();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.ordered.emplace_back(order, backend);
@@ -40,8 +52,19 @@ BackendRegistrar::BackendRegistrar(VendorBackend* backend, int order) {
   for (const auto& entry : r.ordered) r.backends.push_back(entry.second);
 }
 
-// Registration happens during static initialization, before any caller can ask.
-const std::vector<VendorBackend*>& backends() { return registered().backends; }
+}  // namespace
+
+BackendRegistrar::BackendRegistrar(VendorBackend* backend, int order) { add_backend(backend, order); }
+
+void register_plugin_backend(VendorBackend* backend) { add_backend(backend, 1000); }
+
+std::vector<VendorBackend*> backends() {
+  (void)plugin_hook_installed;
+  Registry::global();  // loads KILN_PLUGIN_PATH once, backend plugins among them
+  Registered& r = registered();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.backends;
+}
 
 VendorBackend& backend_for(Vendor vendor) {
   return find_backend([&](const VendorBackend& b) { return b.vendor() == vendor; }, vendor_name(vendor));

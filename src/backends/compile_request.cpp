@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.hpp"
+#include "platform/vendors.hpp"
 
 namespace kiln::detail {
 
@@ -15,6 +16,8 @@ const char* compiler_kind_name(CompilerKind kind) {
     case CompilerKind::kHiprtc: return "hiprtc";
     case CompilerKind::kClang: return "clang";
   }
+  // A backend plugin's compiler takes its vendor's number (platform/vendors.hpp).
+  if (is_plugin_vendor(static_cast<Vendor>(kind))) return plugin_compiler_name(static_cast<Vendor>(kind));
   return "unknown";
 }
 

@@ -11,6 +11,7 @@
 namespace kiln::detail {
 
 // Which compiler runs a request: NVRTC for NVIDIA targets; hipRTC or an offline clang for AMD.
+// Open like Vendor: a backend plugin's compiler takes its vendor's number (platform/vendors.hpp).
 enum class CompilerKind { kNvrtc = 0, kHiprtc = 1, kClang = 2 };
 const char* compiler_kind_name(CompilerKind kind);  // "nvrtc", "hiprtc", "clang"
 

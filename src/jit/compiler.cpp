@@ -406,7 +406,9 @@ CompileResult read_worker_reply(const CompileRequest& request, const std::vector
 }
 
 CompileResult compile(const CompileRequest& request, const JitSettings& settings) {
-  if (settings.isolation == CompileIsolation::kInProcess) return compile_in_this_process(request, settings.timeout_seconds);
+  if (settings.isolation == CompileIsolation::kInProcess || !backend_for(request.compiler).compiles_in_worker()) {
+    return compile_in_this_process(request, settings.timeout_seconds);
+  }
   if (!settings.worker_path.empty()) return compile_in_worker(request, settings.worker_path, settings.timeout_seconds);
   // The worker where kiln installs it beside the library (for a program linked with kiln_static:
   // beside the program, as when it is installed under kiln's prefix). A program that has none

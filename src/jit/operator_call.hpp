@@ -28,6 +28,7 @@ struct OperatorCall {
   // Parameter block (kernel-sources/<family>/params.h), passed by value. kiln fills its
   // launch-time fields (the workspace, tensor maps) before the launch.
   void* params;
+  size_t params_bytes;
   Stream stream;
   // The parameter block's `workspace` field, for kernels that ask for scratch (KernelSpec::
   // workspace_bytes); null for operators without one.

@@ -450,7 +450,7 @@ void run_operator(const OperatorCall& call) {
       backend.encode_tensor_map(map, static_cast<unsigned char*>(call.params) + map.params_offset, kernel->spec->name);
     }
   }
-  backend.launch(scope, kernel->function, shape, call.params, call.stream, kernel->spec->name);
+  backend.launch(scope, kernel->function, shape, call.params, call.params_bytes, call.stream, kernel->spec->name);
 }
 
 }  // namespace kiln::detail

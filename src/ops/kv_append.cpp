@@ -94,6 +94,7 @@ void kv_cache_append(const KvAppendArgs& a, Stream stream) {
                             &a,
                             a.k.device,
                             &p,
+                            sizeof(p),
                             stream};
   detail::run_operator(call);
 }

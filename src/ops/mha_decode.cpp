@@ -60,6 +60,7 @@ void mha_decode_with_kvcache(const MhaDecodeArgs& a, Stream stream) {
                             &a,
                             a.q.device,
                             &p,
+                            sizeof(p),
                             stream,
                             &p.workspace};
   detail::run_operator(call);

@@ -75,6 +75,7 @@ void mha_extend_with_kvcache(const MhaExtendArgs& a, Stream stream) {
                             &a,
                             a.q.device,
                             &p,
+                            sizeof(p),
                             stream};
   detail::run_operator(call);
 }

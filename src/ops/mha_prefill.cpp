@@ -120,6 +120,7 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
                             &a,
                             a.q.device,
                             &p,
+                            sizeof(p),
                             stream};
   detail::run_operator(call);
 }

@@ -168,6 +168,7 @@ void moe_apply(const MoeArgs& a, Stream stream) {
                             &a,
                             a.x.device,
                             &p,
+                            sizeof(p),
                             stream,
                             &p.workspace};
   detail::run_operator(call);

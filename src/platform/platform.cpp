@@ -1,10 +1,14 @@
 #include "kiln/platform.hpp"
 
 #include <algorithm>
+#include <deque>
+#include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "platform/vendors.hpp"
 
 namespace kiln {
 namespace {
@@ -22,19 +26,31 @@ struct KnownTarget {
   int warp_size;
 };
 
-// What differs between vendors in naming targets and devices, as data.
+// What differs between vendors in naming targets and devices, as data. Backend plugins add
+// vendors of their own (detail::add_vendor), numbered from kFirstPluginVendor.
 struct VendorTraits {
   Vendor vendor;
-  const char* name;
-  const char* multiprocessors;  // what its multiprocessors are called
+  std::string name;
+  std::string multiprocessors;  // what its multiprocessors are called
   bool target_flags;            // whether a target may carry ":feature+" flags
+  std::string compiler;         // a plugin vendor's compiler; built-in ones name theirs in src/backends
 };
-constexpr VendorTraits kVendors[] = {
-    {Vendor::kNvidia, "nvidia", "SMs", false},
-    {Vendor::kAmd, "amd", "CUs", true},
+
+struct Vendors {
+  std::mutex mutex;
+  std::deque<VendorTraits> list{{Vendor::kNvidia, "nvidia", "SMs", false, ""}, {Vendor::kAmd, "amd", "CUs", true, ""}};
+  std::vector<Platform> plugin_targets;
 };
+Vendors& vendors() {
+  static Vendors v;
+  return v;
+}
+
+// Entries are never removed and a deque never moves them: references stay valid.
 const VendorTraits& traits(Vendor vendor) {
-  for (const auto& t : kVendors) {
+  Vendors& v = vendors();
+  std::lock_guard<std::mutex> lock(v.mutex);
+  for (const auto& t : v.list) {
     if (t.vendor == vendor) return t;
   }
   throw Error(ErrorCode::kInternal, fmt::format("unknown vendor {}", static_cast<int>(vendor)));
@@ -106,7 +122,47 @@ const std::vector<KnownTarget>& table() {
 
 }  // namespace
 
-const char* vendor_name(Vendor vendor) { return traits(vendor).name; }
+const char* vendor_name(Vendor vendor) { return traits(vendor).name.c_str(); }
+
+namespace detail {
+
+Vendor add_vendor(const std::string& name, const std::string& compute_unit_name, const std::string& compiler_name) {
+  Vendors& v = vendors();
+  std::lock_guard<std::mutex> lock(v.mutex);
+  for (const auto& t : v.list) {
+    if (t.name == name) throw Error(ErrorCode::kInvalidArgument, fmt::format("vendor name '{}' is already taken", name));
+  }
+  const auto id = static_cast<Vendor>(kFirstPluginVendor + static_cast<int>(v.list.size()) - 2);
+  v.list.push_back({id, name, compute_unit_name.empty() ? "compute units" : compute_unit_name, false, compiler_name});
+  return id;
+}
+
+std::optional<Vendor> vendor_named(const std::string& name) {
+  Vendors& v = vendors();
+  std::lock_guard<std::mutex> lock(v.mutex);
+  for (const auto& t : v.list) {
+    if (t.name == name) return t.vendor;
+  }
+  return std::nullopt;
+}
+
+bool is_plugin_vendor(Vendor vendor) { return static_cast<int>(vendor) >= kFirstPluginVendor; }
+
+const char* plugin_compiler_name(Vendor vendor) { return traits(vendor).compiler.c_str(); }
+
+void add_target(const Platform& target) {
+  for (const auto& t : table()) {
+    if (t.arch == target.arch) throw Error(ErrorCode::kInvalidArgument, fmt::format("target '{}' is already kiln's", target.arch));
+  }
+  Vendors& v = vendors();
+  std::lock_guard<std::mutex> lock(v.mutex);
+  for (const auto& t : v.plugin_targets) {
+    if (t.arch == target.arch) throw Error(ErrorCode::kInvalidArgument, fmt::format("target '{}' is already taken", target.arch));
+  }
+  v.plugin_targets.push_back(target);
+}
+
+}  // namespace detail
 
 bool Platform::has_feature(const std::string& feature) const {
   return std::find(features.begin(), features.end(), feature) != features.end();
@@ -121,6 +177,9 @@ std::string Platform::describe() const {
 std::vector<std::string> known_targets() {
   std::vector<std::string> names;
   for (const auto& t : table()) names.emplace_back(t.arch);
+  Vendors& v = vendors();
+  std::lock_guard<std::mutex> lock(v.mutex);
+  for (const auto& t : v.plugin_targets) names.push_back(t.arch);
   return names;
 }
 
@@ -142,6 +201,13 @@ Platform platform_for_target(const std::string& arch) {
     p.warp_size = t.warp_size;
     p.device_name = "(target " + arch + ")";
     return p;
+  }
+  {
+    Vendors& v = vendors();
+    std::lock_guard<std::mutex> lock(v.mutex);
+    for (const auto& t : v.plugin_targets) {
+      if (t.arch == arch) return t;
+    }
   }
   throw Error(ErrorCode::kInvalidArgument, fmt::format("target: unknown arch '{}' (known: {})", arch, fmt::join(known_targets(), ", ")));
 }

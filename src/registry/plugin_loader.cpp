@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "kiln/log.hpp"
 #include "kiln/plugin.h"
 #include "kiln/registry.hpp"
+#include "platform/vendors.hpp"
 #include "registry/plugin_loader.hpp"
 
 namespace kiln {
@@ -70,8 +72,11 @@ KernelSpec spec_from_fields(const std::string& path, const KernelFields& k, uint
   } else if (vendor == "amd") {
     spec.requirements.vendor = Vendor::kAmd;
     spec.backend = Backend::kHip;
+  } else if (auto plugin_vendor = detail::vendor_named(vendor)) {
+    spec.requirements.vendor = *plugin_vendor;  // a backend plugin's: its backend has its number
+    spec.backend = static_cast<Backend>(*plugin_vendor);
   } else {
-    throw plugin_error(path, fmt::format("kernel '{}': vendor '{}' is not nvidia or amd", spec.name, vendor));
+    throw plugin_error(path, fmt::format("kernel '{}': vendor '{}' is not nvidia, amd or a loaded backend plugin's", spec.name, vendor));
   }
   if (k.min_arch > 0) spec.requirements.min_arch = k.min_arch;
   if (k.max_arch > 0) spec.requirements.max_arch = k.max_arch;
@@ -209,6 +214,8 @@ KernelSpec spec_from_plugin_v2(const std::string& path, const kiln_plugin_kernel
   return spec;
 }
 
+std::atomic<detail::BackendPluginHook> backend_plugin_hook{nullptr};
+
 std::mutex& loaded_mutex() {
   static std::mutex m;
   return m;
@@ -221,6 +228,8 @@ std::set<std::string>& loaded_paths() {
 }  // namespace
 
 namespace detail {
+
+void set_backend_plugin_hook(BackendPluginHook hook) { backend_plugin_hook.store(hook); }
 
 void register_plugin(const std::string& origin, const kiln_plugin* plugin, Registry& registry) {
   if (plugin == nullptr) throw plugin_error(origin, "kiln_plugin_entry returned NULL");
@@ -266,14 +275,27 @@ void load_plugin(const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) throw plugin_error(path, std::string("dlopen failed: ") + dlerror());
   auto entry = reinterpret_cast<kiln_plugin_entry_fn>(dlsym(handle, "kiln_plugin_entry"));
+  void* backend_entry = dlsym(handle, "kiln_backend_plugin_entry");
+  bool backend_registered = false;
   try {
-    if (entry == nullptr) throw plugin_error(path, "does not export kiln_plugin_entry");
-    const kiln_plugin* plugin = entry();
-    detail::register_plugin(path, plugin, detail::registry_instance());
-    log(LogLevel::kInfo,
-        fmt::format("loaded plugin '{}' from {} ({} kernels)", plugin->name ? plugin->name : "?", path, plugin->num_kernels));
+    if (entry == nullptr && backend_entry == nullptr)
+      throw plugin_error(path, "exports neither kiln_plugin_entry nor kiln_backend_plugin_entry");
+    // The backend first: the library's kernels name it as their vendor.
+    if (backend_entry != nullptr) {
+      const detail::BackendPluginHook hook = backend_plugin_hook.load();
+      if (hook == nullptr) throw plugin_error(path, "this kiln was built without backend plugin support");
+      hook(path, backend_entry);
+      backend_registered = true;
+    }
+    if (entry != nullptr) {
+      const kiln_plugin* plugin = entry();
+      detail::register_plugin(path, plugin, detail::registry_instance());
+      log(LogLevel::kInfo,
+          fmt::format("loaded plugin '{}' from {} ({} kernels)", plugin->name ? plugin->name : "?", path, plugin->num_kernels));
+    }
   } catch (...) {
-    dlclose(handle);  // nothing of it was registered
+    if (!backend_registered) dlclose(handle);  // nothing of it was registered; a registered backend lives in it
+    if (backend_registered) loaded_paths().insert(canonical);
     throw;
   }
   // Never closed once registered: the kernels' callbacks live in it.

@@ -27,7 +27,7 @@ std::string override_env_name(const OperatorId& op) {
 std::optional<std::string> platform_refusal(const KernelSpec& spec, const Platform& p) {
   const Requirements& r = spec.requirements;
   if (r.vendor != p.vendor) {
-    return fmt::format("needs an {} GPU; target {} is {}", r.vendor == Vendor::kNvidia ? "NVIDIA" : "AMD", p.arch, vendor_name(p.vendor));
+    return fmt::format("needs a device of vendor {}; target {} is {}", vendor_name(r.vendor), p.arch, vendor_name(p.vendor));
   }
   if (p.arch_version < r.min_arch) {
     return fmt::format("needs arch version >= {}; {} is {}", r.min_arch, p.arch, p.arch_version);
@@ -66,7 +66,12 @@ const char* priority_name(Priority p) {
   return "?";
 }
 
-const char* backend_name(Backend b) { return b == Backend::kCuda ? "cuda" : "hip"; }
+// A backend plugin's backend takes its vendor's number and name (platform/vendors.hpp).
+const char* backend_name(Backend b) {
+  if (b == Backend::kCuda) return "cuda";
+  if (b == Backend::kHip) return "hip";
+  return vendor_name(static_cast<Vendor>(b));
+}
 
 struct Registry::State {
   std::atomic<int> plugins_outrank{-1};  // -1: as KILN_PLUGINS_OUTRANK says

@@ -141,7 +141,7 @@ class CudaBackend final : public VendorBackend {
     cuda::encode_tensor_map(map, slot, kernel_name);
   }
 
-  void launch(const LaunchScope&, const DeviceFunction& function, const LaunchShape& shape, const void* params, Stream stream,
+  void launch(const LaunchScope&, const DeviceFunction& function, const LaunchShape& shape, const void* params, size_t, Stream stream,
               const std::string& kernel_name) override {
     cuda::launch(static_cast<CUfunction>(function.function), *static_cast<LaunchLimits*>(function.state), shape, params, stream,
                  kernel_name);

@@ -151,7 +151,7 @@ class HipBackend final : public VendorBackend {
     throw Error(ErrorCode::kUnsupported, fmt::format("kernel '{}' needs tensor maps, which kiln provides on NVIDIA only", kernel_name));
   }
 
-  void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params, Stream stream,
+  void launch(const LaunchScope& scope, const DeviceFunction& function, const LaunchShape& shape, const void* params, size_t, Stream stream,
               const std::string& kernel_name) override {
     hip::launch(scope.device, function.function, shape, params, stream, kernel_name);
   }
