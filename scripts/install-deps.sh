@@ -12,7 +12,8 @@ packages=(cmake ninja-build g++ pkg-config libsqlite3-dev libxxhash-dev libgtest
           util-linux                # setpriv: the read-only-cache test runs a process as another user
           libsodium23               # Ed25519 signatures of cache rows (loaded by libkiln at first use)
           libhiredis-dev            # the remote cache tier's Redis client (its header; the library is loaded)
-          redis-server)             # a real Redis for the remote tier's tests
+          redis-server              # a real Redis for the remote tier's tests
+          ocl-icd-opencl-dev opencl-c-headers pocl-opencl-icd)  # the OpenCL backend plugin and its CPU device
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

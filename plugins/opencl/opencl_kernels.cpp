@@ -25,12 +25,13 @@ std::string program_text() {
   o << "// Field offsets of kiln's parameter blocks (kernel-params/*/params.h) on this host.\n";
 #define PREFILL(f) KILN_OCL_OFFSET(o, Prefill, KilnPrefillParams, f)
   PREFILL(q)
-      PREFILL(k) PREFILL(v) PREFILL(out) PREFILL(lse) PREFILL(sinks) PREFILL(cu_seqlens_q) PREFILL(cu_seqlens_k) PREFILL(
-          q_row_stride) PREFILL(q_head_stride) PREFILL(k_row_stride) PREFILL(k_head_stride) PREFILL(v_row_stride) PREFILL(v_head_stride)
-          PREFILL(out_row_stride) PREFILL(out_head_stride) PREFILL(lse_row_stride) PREFILL(num_heads_q) PREFILL(num_heads_kv) PREFILL(
-              causal) PREFILL(window_left) PREFILL(softmax_scale) PREFILL(softcap) PREFILL(page_table) PREFILL(cache_seqlens)
-              PREFILL(page_table_stride) PREFILL(k_page_stride) PREFILL(v_page_stride) PREFILL(page_size) PREFILL(page_shift) PREFILL(
-                  q_len) PREFILL(k_scale) PREFILL(v_scale)
+  PREFILL(k)
+      PREFILL(v) PREFILL(out) PREFILL(lse) PREFILL(sinks) PREFILL(cu_seqlens_q) PREFILL(cu_seqlens_k) PREFILL(q_row_stride) PREFILL(
+          q_head_stride) PREFILL(k_row_stride) PREFILL(k_head_stride) PREFILL(v_row_stride) PREFILL(v_head_stride) PREFILL(out_row_stride)
+          PREFILL(out_head_stride) PREFILL(lse_row_stride) PREFILL(num_heads_q) PREFILL(num_heads_kv) PREFILL(causal) PREFILL(
+              window_left) PREFILL(softmax_scale) PREFILL(softcap) PREFILL(page_table) PREFILL(cache_seqlens) PREFILL(page_table_stride)
+              PREFILL(k_page_stride) PREFILL(v_page_stride) PREFILL(page_size) PREFILL(page_shift) PREFILL(q_len) PREFILL(k_scale) PREFILL(
+                  v_scale)
 #undef PREFILL
 #define DECODE(f) KILN_OCL_OFFSET(o, Decode, KilnDecodeParams, f)
                   DECODE(q) DECODE(k_cache) DECODE(v_cache) DECODE(out) DECODE(lse) DECODE(sinks) DECODE(page_table) DECODE(cache_seqlens)

@@ -121,7 +121,7 @@ class PluginBackend final : public VendorBackend {
       call(
           "compiler_identity", [&](kiln_backend_error* e) { return t_.compiler_identity(first_target, append_bytes, &bytes, e); },
           ErrorCode::kCompileFailed);
-      identity_.assign(bytes.begin(), bytes.end());
+      identity_ = compiler_ + " " + std::string(bytes.begin(), bytes.end());  // as "nvrtc 13.0 ..."
     }
     return identity_;
   }

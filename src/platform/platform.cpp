@@ -1,6 +1,7 @@
 #include "kiln/platform.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -44,6 +45,12 @@ struct Vendors {
 Vendors& vendors() {
   static Vendors v;
   return v;
+}
+
+std::atomic<void (*)()> plugin_loader{nullptr};
+
+void load_plugins() {
+  if (auto load = plugin_loader.load()) load();
 }
 
 // Entries are never removed and a deque never moves them: references stay valid.
@@ -146,6 +153,8 @@ std::optional<Vendor> vendor_named(const std::string& name) {
   return std::nullopt;
 }
 
+void set_plugin_loader(void (*load)()) { plugin_loader.store(load); }
+
 bool is_plugin_vendor(Vendor vendor) { return static_cast<int>(vendor) >= kFirstPluginVendor; }
 
 const char* plugin_compiler_name(Vendor vendor) { return traits(vendor).compiler.c_str(); }
@@ -175,6 +184,7 @@ std::string Platform::describe() const {
 }
 
 std::vector<std::string> known_targets() {
+  load_plugins();
   std::vector<std::string> names;
   for (const auto& t : table()) names.emplace_back(t.arch);
   Vendors& v = vendors();
@@ -202,6 +212,7 @@ Platform platform_for_target(const std::string& arch) {
     p.device_name = "(target " + arch + ")";
     return p;
   }
+  load_plugins();
   {
     Vendors& v = vendors();
     std::lock_guard<std::mutex> lock(v.mutex);

@@ -18,6 +18,10 @@ Vendor add_vendor(const std::string& name, const std::string& compute_unit_name,
 std::optional<Vendor> vendor_named(const std::string& name);
 bool is_plugin_vendor(Vendor vendor);
 const char* plugin_compiler_name(Vendor vendor);
+// Installed by the registry layer: loads KILN_PLUGIN_PATH once (a no-op while it is loading), so
+// that platform_for_target() and known_targets() know the targets of backend plugins.
+void set_plugin_loader(void (*load)());
+
 // A target of a plugin vendor for platform_for_target() and known_targets(). Throws
 // kiln::Error(kInvalidArgument) when the arch is taken.
 void add_target(const Platform& target);

@@ -13,6 +13,7 @@
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
 #include "kiln/registry.hpp"
+#include "platform/vendors.hpp"
 
 namespace kiln {
 namespace {
@@ -92,11 +93,29 @@ Registry& registry_instance() {
 }
 }  // namespace detail
 
+namespace {
+
+thread_local bool loading_plugins = false;  // this thread is inside the first global()
+
+// The platform layer asks for plugins before it names targets; loading them names targets too.
+void load_plugins_for_platform() {
+  if (!loading_plugins) Registry::global();
+}
+const bool platform_loader_installed = [] {
+  detail::set_plugin_loader(&load_plugins_for_platform);
+  return true;
+}();
+
+}  // namespace
+
 Registry& Registry::global() {
+  (void)platform_loader_installed;
   Registry& r = detail::registry_instance();
   static std::once_flag plugins_loaded;
   std::call_once(plugins_loaded, [] {
+    loading_plugins = true;
     for (const auto& message : load_plugins_from_env()) log(LogLevel::kError, message);
+    loading_plugins = false;
   });
   return r;
 }
