@@ -65,7 +65,7 @@ typedef struct kiln_plugin_kernel_v2 {
   const char* name;     /* unique across kiln, e.g. "acme.attention.prefill.fast" */
   const char* family;   /* "attention" | "moe" */
   const char* mode;     /* "prefill" | "decode" | "extend" | "kv_append" | "apply" */
-  const char* vendor;   /* "nvidia" | "amd" */
+  const char* vendor;   /* "nvidia" | "amd" | a backend plugin's name (kiln/backend_plugin.h) */
   int32_t min_arch;     /* inclusive, as Platform::arch_version (sm_90a -> 90); 0: any */
   int32_t max_arch;     /* inclusive; 0: any */
   const char* features; /* comma-separated required features, e.g. "mma:wgmma,memory:tma" */

@@ -26,7 +26,8 @@ std::string program_text() {
 #define PREFILL(f) KILN_OCL_OFFSET(o, Prefill, KilnPrefillParams, f)
   PREFILL(q)
   PREFILL(k)
-      PREFILL(v) PREFILL(out) PREFILL(lse) PREFILL(sinks) PREFILL(cu_seqlens_q) PREFILL(cu_seqlens_k) PREFILL(q_row_stride) PREFILL(
+  PREFILL(v)
+      PREFILL(out) PREFILL(lse) PREFILL(sinks) PREFILL(cu_seqlens_q) PREFILL(cu_seqlens_k) PREFILL(q_row_stride) PREFILL(
           q_head_stride) PREFILL(k_row_stride) PREFILL(k_head_stride) PREFILL(v_row_stride) PREFILL(v_head_stride) PREFILL(out_row_stride)
           PREFILL(out_head_stride) PREFILL(lse_row_stride) PREFILL(num_heads_q) PREFILL(num_heads_kv) PREFILL(causal) PREFILL(
               window_left) PREFILL(softmax_scale) PREFILL(softcap) PREFILL(page_table) PREFILL(cache_seqlens) PREFILL(page_table_stride)
@@ -37,24 +38,24 @@ std::string program_text() {
                   DECODE(q) DECODE(k_cache) DECODE(v_cache) DECODE(out) DECODE(lse) DECODE(sinks) DECODE(page_table) DECODE(cache_seqlens)
                       DECODE(q_row_stride) DECODE(q_head_stride) DECODE(k_page_stride) DECODE(k_row_stride) DECODE(k_head_stride)
                           DECODE(v_page_stride) DECODE(v_row_stride) DECODE(v_head_stride) DECODE(out_row_stride) DECODE(out_head_stride)
-                              DECODE(lse_row_stride) DECODE(page_table_stride) DECODE(batch) DECODE(q_len) DECODE(num_heads_q) DECODE(
-                                  num_heads_kv) DECODE(page_size) DECODE(window_left) DECODE(softmax_scale) DECODE(softcap) DECODE(k_scale)
-                                  DECODE(v_scale)
+                              DECODE(lse_row_stride) DECODE(page_table_stride) DECODE(batch) DECODE(q_len) DECODE(num_heads_q)
+                                  DECODE(num_heads_kv) DECODE(page_size) DECODE(window_left) DECODE(softmax_scale) DECODE(softcap)
+                                      DECODE(k_scale) DECODE(v_scale)
 #undef DECODE
 #define KV_APPEND(f) KILN_OCL_OFFSET(o, KvAppend, KilnKvAppendParams, f)
-                                      KV_APPEND(k) KV_APPEND(v) KV_APPEND(slot_mapping) KV_APPEND(k_cache) KV_APPEND(v_cache) KV_APPEND(
-                                          k_row_stride) KV_APPEND(k_head_stride) KV_APPEND(v_row_stride) KV_APPEND(v_head_stride)
-                                          KV_APPEND(k_cache_page_stride) KV_APPEND(k_cache_row_stride) KV_APPEND(k_cache_head_stride)
-                                              KV_APPEND(v_cache_page_stride) KV_APPEND(v_cache_row_stride) KV_APPEND(v_cache_head_stride)
-                                                  KV_APPEND(slot_stride) KV_APPEND(tokens) KV_APPEND(num_heads_kv) KV_APPEND(head_dim)
-                                                      KV_APPEND(page_shift)
+                                          KV_APPEND(k) KV_APPEND(v) KV_APPEND(slot_mapping) KV_APPEND(k_cache) KV_APPEND(v_cache) KV_APPEND(
+                                              k_row_stride) KV_APPEND(k_head_stride) KV_APPEND(v_row_stride) KV_APPEND(v_head_stride)
+                                              KV_APPEND(k_cache_page_stride) KV_APPEND(k_cache_row_stride) KV_APPEND(k_cache_head_stride)
+                                                  KV_APPEND(v_cache_page_stride) KV_APPEND(v_cache_row_stride)
+                                                      KV_APPEND(v_cache_head_stride) KV_APPEND(slot_stride) KV_APPEND(tokens)
+                                                          KV_APPEND(num_heads_kv) KV_APPEND(head_dim) KV_APPEND(page_shift)
 #undef KV_APPEND
 #define MOE(f) KILN_OCL_OFFSET(o, Moe, KilnMoeParams, f)
-                                                          MOE(x) MOE(out)
-                                                              MOE(router_logits) MOE(topk_ids) MOE(topk_weights) MOE(w13)
-                                                                  MOE(w13_scale) MOE(w13_bias) MOE(w2) MOE(w2_scale) MOE(w2_bias)
-                                                                      MOE(x_row_stride) MOE(out_row_stride) MOE(logits_row_stride)
-                                                                          MOE(topk_row_stride) MOE(w13_expert_stride) MOE(w13_row_stride)
+                                                              MOE(x) MOE(out)
+                                                                  MOE(router_logits) MOE(topk_ids) MOE(topk_weights) MOE(w13)
+                                                                      MOE(w13_scale) MOE(w13_bias) MOE(w2) MOE(w2_scale) MOE(w2_bias)
+                                                                          MOE(x_row_stride) MOE(out_row_stride) MOE(logits_row_stride) MOE(
+                                                                              topk_row_stride) MOE(w13_expert_stride) MOE(w13_row_stride)
                                                                               MOE(w13_scale_expert_stride) MOE(w13_scale_row_stride)
                                                                                   MOE(w2_expert_stride) MOE(w2_row_stride)
                                                                                       MOE(w2_scale_expert_stride)

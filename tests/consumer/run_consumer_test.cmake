@@ -54,3 +54,13 @@ if(NOT rc EQUAL 3 OR found EQUAL -1)
 endif()
 run_expect("\"name_expression\": \"acme_kv_append<unsigned short>\"" "" plugin-compile ${plugin_env} "${WORK_DIR}/prefix/bin/kiln" compile
            kv_cache_append --sig dtype=bf16,kv_dtype=bf16 --target sm_90a --json)
+
+# The backend-plugin template (examples/backend-plugin) builds against the installed kiln; its
+# backend shows as a device, and its prefill kernel, compiled by the host's C compiler and run on
+# the CPU, matches float64 in `kiln check`.
+run(${CMAKE_COMMAND} -S "${BACKEND_TEMPLATE_SOURCE}" -B "${WORK_DIR}/backend-build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/backend-build" -j 2)
+set(backend_env KILN_PLUGIN_PATH=${WORK_DIR}/backend-build/hostcc_kiln_backend.so)
+run_expect("hostcc hostcc-cpu (the host CPU" "" backend-devices ${backend_env} "${WORK_DIR}/prefix/bin/kiln" devices)
+run_expect("bound 1e-02 (output dtype): PASS" "" backend-check ${backend_env} "${WORK_DIR}/prefix/bin/kiln" check mha_prefill
+           --shape batch=2,seqlen=33,heads_q=4,heads_kv=2,head_dim=64,causal=1,window=8,sinks=1)
