@@ -18,55 +18,132 @@ namespace {
 
 // ---- the program: the parameter blocks' field offsets, then kernels.cl
 
-#define KILN_OCL_OFFSET(out, alias, type, field) out << "#define KILN_P_" #alias "_" #field " " << offsetof(type, field) << "\n";
+struct FieldOffset {
+  const char* name;
+  size_t offset;
+};
+#define KILN_OCL_FIELD(alias, type, field) \
+  FieldOffset { #alias "_" #field, offsetof(type, field) }
+const FieldOffset kFieldOffsets[] = {KILN_OCL_FIELD(Prefill, KilnPrefillParams, q),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, k),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, v),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, out),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, lse),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, sinks),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, cu_seqlens_q),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, cu_seqlens_k),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, q_row_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, q_head_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, k_row_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, k_head_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, v_row_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, v_head_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, out_row_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, out_head_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, lse_row_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, num_heads_q),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, num_heads_kv),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, causal),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, window_left),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, softmax_scale),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, softcap),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, page_table),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, page_size),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, page_table_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, cache_seqlens),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, k_page_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, v_page_stride),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, page_shift),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, q_len),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, k_scale),
+                                     KILN_OCL_FIELD(Prefill, KilnPrefillParams, v_scale),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, q),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, batch),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, q_len),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, k_cache),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, page_size),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, v_cache),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, out),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, lse),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, sinks),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, page_table),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, page_table_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, cache_seqlens),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, q_row_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, q_head_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, k_page_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, k_row_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, k_head_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, v_page_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, v_row_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, v_head_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, out_row_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, out_head_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, lse_row_stride),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, num_heads_q),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, num_heads_kv),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, window_left),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, softmax_scale),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, softcap),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, k_scale),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, v_scale),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, tokens),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, slot_mapping),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_cache),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_cache),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_row_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_head_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_row_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_head_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_cache_page_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_cache_row_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_cache_head_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_cache_page_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_cache_row_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_cache_head_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, slot_stride),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, num_heads_kv),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, head_dim),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, page_shift),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, x),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, out),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, router_logits),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, topk_ids),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, topk_weights),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_scale),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_bias),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_scale),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_bias),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, x_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, out_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, logits_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, topk_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_scale_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_scale_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_scale_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_scale_row_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w13_bias_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, w2_bias_expert_stride),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, hidden),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, intermediate),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, num_experts),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, top_k),
+                                     KILN_OCL_FIELD(Moe, KilnMoeParams, renormalize)};
+#undef KILN_OCL_FIELD
 
 std::string program_text() {
   std::ostringstream o;
   o << "// Field offsets of kiln's parameter blocks (kernel-params/*/params.h) on this host.\n";
-#define PREFILL(f) KILN_OCL_OFFSET(o, Prefill, KilnPrefillParams, f)
-  PREFILL(q)
-  PREFILL(k)
-  PREFILL(v)
-      PREFILL(out) PREFILL(lse) PREFILL(sinks) PREFILL(cu_seqlens_q) PREFILL(cu_seqlens_k) PREFILL(q_row_stride) PREFILL(
-          q_head_stride) PREFILL(k_row_stride) PREFILL(k_head_stride) PREFILL(v_row_stride) PREFILL(v_head_stride) PREFILL(out_row_stride)
-          PREFILL(out_head_stride) PREFILL(lse_row_stride) PREFILL(num_heads_q) PREFILL(num_heads_kv) PREFILL(causal) PREFILL(
-              window_left) PREFILL(softmax_scale) PREFILL(softcap) PREFILL(page_table) PREFILL(cache_seqlens) PREFILL(page_table_stride)
-              PREFILL(k_page_stride) PREFILL(v_page_stride) PREFILL(page_size) PREFILL(page_shift) PREFILL(q_len) PREFILL(k_scale) PREFILL(
-                  v_scale)
-#undef PREFILL
-#define DECODE(f) KILN_OCL_OFFSET(o, Decode, KilnDecodeParams, f)
-                  DECODE(q) DECODE(k_cache) DECODE(v_cache) DECODE(out) DECODE(lse) DECODE(sinks) DECODE(page_table) DECODE(cache_seqlens)
-                      DECODE(q_row_stride) DECODE(q_head_stride) DECODE(k_page_stride) DECODE(k_row_stride) DECODE(k_head_stride)
-                          DECODE(v_page_stride) DECODE(v_row_stride) DECODE(v_head_stride) DECODE(out_row_stride) DECODE(out_head_stride)
-                              DECODE(lse_row_stride) DECODE(page_table_stride) DECODE(batch) DECODE(q_len) DECODE(num_heads_q)
-                                  DECODE(num_heads_kv) DECODE(page_size) DECODE(window_left) DECODE(softmax_scale) DECODE(softcap)
-                                      DECODE(k_scale) DECODE(v_scale)
-#undef DECODE
-#define KV_APPEND(f) KILN_OCL_OFFSET(o, KvAppend, KilnKvAppendParams, f)
-                                          KV_APPEND(k) KV_APPEND(v) KV_APPEND(slot_mapping) KV_APPEND(k_cache) KV_APPEND(v_cache) KV_APPEND(
-                                              k_row_stride) KV_APPEND(k_head_stride) KV_APPEND(v_row_stride) KV_APPEND(v_head_stride)
-                                              KV_APPEND(k_cache_page_stride) KV_APPEND(k_cache_row_stride) KV_APPEND(k_cache_head_stride)
-                                                  KV_APPEND(v_cache_page_stride) KV_APPEND(v_cache_row_stride)
-                                                      KV_APPEND(v_cache_head_stride) KV_APPEND(slot_stride) KV_APPEND(tokens)
-                                                          KV_APPEND(num_heads_kv) KV_APPEND(head_dim) KV_APPEND(page_shift)
-#undef KV_APPEND
-#define MOE(f) KILN_OCL_OFFSET(o, Moe, KilnMoeParams, f)
-                                                              MOE(x) MOE(out)
-                                                                  MOE(router_logits) MOE(topk_ids) MOE(topk_weights) MOE(w13)
-                                                                      MOE(w13_scale) MOE(w13_bias) MOE(w2) MOE(w2_scale) MOE(w2_bias)
-                                                                          MOE(x_row_stride) MOE(out_row_stride) MOE(logits_row_stride) MOE(
-                                                                              topk_row_stride) MOE(w13_expert_stride) MOE(w13_row_stride)
-                                                                              MOE(w13_scale_expert_stride) MOE(w13_scale_row_stride)
-                                                                                  MOE(w2_expert_stride) MOE(w2_row_stride)
-                                                                                      MOE(w2_scale_expert_stride)
-                                                                                          MOE(w2_scale_row_stride)
-                                                                                              MOE(w13_bias_expert_stride)
-                                                                                                  MOE(w2_bias_expert_stride) MOE(hidden)
-                                                                                                      MOE(intermediate) MOE(num_experts)
-                                                                                                          MOE(top_k) MOE(renormalize)
-#undef MOE
-                                                                                                              o
-      << kKernelsSource;
+  for (const FieldOffset& f : kFieldOffsets) o << "#define KILN_P_" << f.name << " " << f.offset << "\n";
+  o << kKernelsSource;
   return o.str();
 }
 
