@@ -1029,6 +1029,81 @@ TEST_F(Gpu, KvAppendWritesItsSlotsExactly) {
   }
 }
 
+// Plugin kernels through the operators on the GPU: the kernel-plugin template's kv_cache_append
+// (selected once plugins may outrank built-ins, compiled by the JIT, cached, launched) writes
+// exactly what the built-in kernel writes; the ABI v2 test plugin's decode kernel runs with its
+// cluster, its workspace and its specialization.
+TEST_F(Gpu, PluginKernelsRunThroughTheOperators) {
+  load_plugin(KILN_TEST_PLUGIN_ACME);
+  load_plugin(KILN_TEST_PLUGIN_V2);
+  Registry::global().set_plugins_outrank_builtins(true);
+  const int tokens = 200, hkv = 4, d = 128, page = 16, num_pages = 2 * tokens / page + 3;
+  const size_t row = static_cast<size_t>(hkv * d);
+  std::vector<double> ignored;
+  const auto k_bits = random_half(rng, tokens * row, DType::kBF16, 1.0f, ignored);
+  const auto v_bits = random_half(rng, tokens * row, DType::kBF16, 1.0f, ignored);
+  std::vector<int64_t> pool(static_cast<size_t>(num_pages * page)), slots(static_cast<size_t>(tokens));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  for (int t = 0; t < tokens; ++t) slots[static_cast<size_t>(t)] = t % 5 == 2 ? -1 : pool[static_cast<size_t>(t)];
+  std::vector<uint16_t> cache(static_cast<size_t>(num_pages * page) * row);
+  std::uniform_int_distribution<int> bits(0, 0xFFFF);
+  for (auto& b : cache) b = static_cast<uint16_t>(bits(rng));
+  std::vector<std::vector<uint16_t>> results;
+  for (const char* kernel : {"acme.attention.kv_append.rows", "attention.kv_append"}) {
+    auto k = DeviceBuffer::from(k_bits), v = DeviceBuffer::from(v_bits), sl = DeviceBuffer::from(slots);
+    auto kc = DeviceBuffer::from(cache), vc = DeviceBuffer::from(cache);
+    KvAppendArgs a;
+    a.k = view(k, DType::kBF16, {tokens, hkv, d});
+    a.v = view(v, DType::kBF16, {tokens, hkv, d});
+    a.slot_mapping = view(sl, DType::kI64, {tokens});
+    a.k_cache = view(kc, DType::kBF16, {num_pages, page, hkv, d});
+    a.v_cache = view(vc, DType::kBF16, {num_pages, page, hkv, d});
+    if (std::string(kernel) == "acme.attention.kv_append.rows") {
+      const Signature sig = Signature::parse({"attention", "kv_append"}, "dtype=bf16,kv_dtype=bf16");
+      EXPECT_EQ(Registry::global().select(sig, detect_devices().devices.front())->name, kernel);
+    } else {
+      Registry::global().set_override({"attention", "kv_append"}, kernel);
+    }
+    kv_cache_append(a, nullptr);
+    synchronize();
+    auto got = kc.to_host<uint16_t>(cache.size());
+    const auto got_v = vc.to_host<uint16_t>(cache.size());
+    got.insert(got.end(), got_v.begin(), got_v.end());
+    results.push_back(std::move(got));
+  }
+  Registry::global().set_override({"attention", "kv_append"}, "");
+  EXPECT_TRUE(results[0] == results[1]) << "the plugin's rows differ from the built-in kernel's";
+
+  // The v2 plugin's decode: grid (batch, 2) in clusters of (1, 2), a workspace of batch * 4 KiB.
+  const int batch = 3, hq = 8, kv_heads = 4, hd = 64, pg = 16;
+  auto q = DeviceBuffer(static_cast<size_t>(batch * hq * hd) * 2),
+       kcache = DeviceBuffer(static_cast<size_t>(batch * pg * kv_heads * hd) * 2);
+  q.fill_bytes(0);
+  kcache.fill_bytes(0);
+  auto out = DeviceBuffer(static_cast<size_t>(batch * hq * hd) * 2), lse = DeviceBuffer(static_cast<size_t>(batch * hq) * 4);
+  lse.fill_bytes(0xFF);
+  std::vector<int> table(static_cast<size_t>(batch)), lens(static_cast<size_t>(batch), 5);
+  std::iota(table.begin(), table.end(), 0);
+  auto pt = DeviceBuffer::from(table), sl = DeviceBuffer::from(lens);
+  MhaDecodeArgs dec;
+  dec.q = view(q, DType::kF16, {batch, hq, hd});
+  dec.k_cache = view(kcache, DType::kF16, {batch, pg, kv_heads, hd});
+  dec.v_cache = dec.k_cache;
+  dec.page_table = view(pt, DType::kI32, {batch, 1});
+  dec.cache_seqlens = view(sl, DType::kI32, {batch});
+  dec.out = view(out, DType::kF16, {batch, hq, hd});
+  dec.lse = view(lse, DType::kF32, {batch, hq});
+  mha_decode_with_kvcache(dec, nullptr);
+  synchronize();
+  Registry::global().set_plugins_outrank_builtins(false);
+  const auto trace = lse.to_host<float>(static_cast<size_t>(batch * hq));
+  for (int cta = 0; cta < batch * 2; ++cta) {
+    // head_dim 64, group 2 (8 query heads over 4): 64 * 2 * 10, plus the CTA's rank in its cluster.
+    EXPECT_EQ(trace[static_cast<size_t>(cta)], 1280.0f + static_cast<float>(cta % 2)) << "CTA " << cta;
+  }
+}
+
 // moe.apply.stream with MXFP4 weights lists each expert's (token, slot) pairs with global atomics
 // above this many tokens, so the last bits of its results vary from call to call there (README,
 // Known defects); up to it, standard and prepared weights give the same bits.

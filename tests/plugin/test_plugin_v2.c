@@ -48,6 +48,9 @@ static int launch(const void* params, const char* target, kiln_plugin_launch* l)
   return 0;
 }
 
+/* On a GPU (tests/gpu) the kernel leaves a trace of its launch: each CTA writes its place in the
+ * cluster through the workspace and back into lse, so a run shows the cluster, the workspace and
+ * the specialization all arrived. */
 static const char kSource[] =
     "#include \"attention/params.h\"\n"
     "#if !defined(TESTPLUGIN2_HEAD_DIM) || TESTPLUGIN2_TAG != 7\n"
@@ -56,7 +59,13 @@ static const char kSource[] =
     "template <int kHeadDim, int kGroup>\n"
     "__global__ void testplugin2_decode(const KilnDecodeParams p) {\n"
     "  static_assert(kHeadDim == TESTPLUGIN2_HEAD_DIM, \"template argument and define agree\");\n"
-    "  if (threadIdx.x == 0 && p.batch < 0) *(int*)p.workspace = kHeadDim * kGroup;\n"
+    "  if (threadIdx.x != 0 || p.lse == nullptr) return;\n"
+    "  unsigned rank;\n"
+    "  asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(rank));\n"
+    "  const int cta = blockIdx.x * gridDim.y + blockIdx.y;\n"
+    "  volatile float* scratch = static_cast<float*>(p.workspace);\n"
+    "  scratch[cta] = float(kHeadDim * kGroup * 10 + rank);\n"
+    "  p.lse[cta] = scratch[cta];\n"
     "}\n";
 
 static const kiln_plugin_kernel_v2 kKernels[] = {{
