@@ -96,7 +96,8 @@ TEST_F(OpenclBackend, ListedAsADeviceWithItsOwnTargetAndCompiler) {
   EXPECT_NE(why.find("needs a device of vendor nvidia"), std::string::npos) << why;
 }
 
-// `kiln check`: the selected kernel and float64 on the CPU, inputs drawn fresh, outputs poisoned.
+// `kiln check`: the selected kernel against the backend's reference kernel and float64 on the CPU,
+// inputs drawn fresh, outputs poisoned.
 TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
   const std::vector<std::pair<std::string, std::string>> problems = {
       {"mha_prefill", "batch=2,seqlen=64,heads_q=8,heads_kv=2,head_dim=64,causal=1"},
@@ -116,6 +117,11 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
     const json j = json::parse(out.substr(out.find('{')));
     EXPECT_TRUE(j["pass"].get<bool>()) << out;
     EXPECT_EQ(j["kernel"].get<std::string>().rfind("opencl.", 0), 0u) << out;
+    if (op == "mha_decode_with_kvcache") {
+      // The split kernel (a workspace for its partial states) against the one-row reference.
+      EXPECT_EQ(j["kernel"], "opencl.attention.decode.split") << out;
+      EXPECT_EQ(j["reference"], "opencl.attention.decode") << out;
+    }
     EXPECT_EQ(j["target"], platform_.arch);
     ASSERT_TRUE(j["error_vs_float64"].is_number()) << out;  // the float64 comparison ran
     EXPECT_LT(j["error_vs_float64"].get<double>(), j["bound"].get<double>()) << out;

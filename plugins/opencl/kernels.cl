@@ -61,31 +61,40 @@ inline float softmax_add_sink(SoftmaxRow* r, float sink) {
 }
 
 #ifdef HEAD_DIM
+// One query row's keys [lo, hi), whose rows `k_row`/`v_row` finds: the unnormalized accumulator
+// `acc` and its running max and sum in `row`.
+#define ATTEND_KEYS(k_row, v_row)                                                              \
+  float q_values[HEAD_DIM], acc[HEAD_DIM];                                                     \
+  for (int d = 0; d < HEAD_DIM; ++d) {                                                         \
+    q_values[d] = load_elem(q, d);                                                             \
+    acc[d] = 0.0f;                                                                             \
+  }                                                                                            \
+  SoftmaxRow row = {-INFINITY, 0.0f};                                                          \
+  for (int j = lo; j < hi; ++j) {                                                              \
+    __global const elem* kr = k_row(j);                                                        \
+    __global const elem* vr = v_row(j);                                                        \
+    float dot = 0.0f;                                                                          \
+    for (int d = 0; d < HEAD_DIM; ++d) dot += q_values[d] * (load_elem(kr, d) * k_scale);      \
+    float p;                                                                                   \
+    const float rescale = softmax_add(&row, softcap_score(dot * scale, softcap), &p);         \
+    for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * rescale + p * (load_elem(vr, d) * v_scale); \
+  }
+
+// The sink (when `sinks` is set), then the normalized row into `out` and its lse in lse_value.
+#define ATTEND_FINISH                                                                  \
+  if (sinks != 0) {                                                                    \
+    const float rescale = softmax_add_sink(&row, sinks[head]);                         \
+    for (int d = 0; d < HEAD_DIM; ++d) acc[d] *= rescale;                              \
+  }                                                                                    \
+  const float inv = row.denominator > 0.0f ? 1.0f / row.denominator : 0.0f;            \
+  for (int d = 0; d < HEAD_DIM; ++d) store_elem(out, d, acc[d] * inv);                 \
+  const float lse_value = row.denominator > 0.0f ? row.max_score + log(row.denominator) : -INFINITY;
+
 // One query row of one head against keys [lo, hi) whose rows `k_row`/`v_row` finds; writes the
 // output row and lse. Shared by prefill, extend (paged) and decode.
-#define ATTEND(k_row, v_row)                                                      \
-  float q_values[HEAD_DIM], acc[HEAD_DIM];                                           \
-  for (int d = 0; d < HEAD_DIM; ++d) {                                            \
-    q_values[d] = load_elem(q, d);                                                   \
-    acc[d] = 0.0f;                                                                \
-  }                                                                               \
-  SoftmaxRow row = {-INFINITY, 0.0f};                                             \
-  for (int j = lo; j < hi; ++j) {                                                 \
-    __global const elem* kr = k_row(j);                                           \
-    __global const elem* vr = v_row(j);                                           \
-    float dot = 0.0f;                                                             \
-    for (int d = 0; d < HEAD_DIM; ++d) dot += q_values[d] * (load_elem(kr, d) * k_scale); \
-    float p;                                                                      \
-    const float rescale = softmax_add(&row, softcap_score(dot * scale, softcap), &p); \
-    for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * rescale + p * (load_elem(vr, d) * v_scale); \
-  }                                                                               \
-  if (sinks != 0) {                                                               \
-    const float rescale = softmax_add_sink(&row, sinks[head]);                    \
-    for (int d = 0; d < HEAD_DIM; ++d) acc[d] *= rescale;                         \
-  }                                                                               \
-  const float inv = row.denominator > 0.0f ? 1.0f / row.denominator : 0.0f;       \
-  for (int d = 0; d < HEAD_DIM; ++d) store_elem(out, d, acc[d] * inv);            \
-  const float lse_value = row.denominator > 0.0f ? row.max_score + log(row.denominator) : -INFINITY;
+#define ATTEND(k_row, v_row) \
+  ATTEND_KEYS(k_row, v_row)  \
+  ATTEND_FINISH
 
 // Prefill over contiguous K/V (cu_seqlens), and extend over a paged cache (page_table set).
 // Global size (rows, Hq, batch): one work-item per (query row, head, sequence).
@@ -158,6 +167,61 @@ __kernel void kiln_decode(__global const uchar* P, __local uchar* scratch) {
   __global float* lse = PTR(float, Decode, lse);
   if (lse != 0) lse[q_row * I64(Decode, lse_row_stride) + head] = lse_value;
 }
+
+// Decode split over the keys: a work-group of SPLITS work-items per (head, new token), each
+// taking a contiguous share of the visible keys. Partial states (max, sum, accumulator) go to the
+// workspace kiln allocates for the call; after a barrier the first work-item merges them, adds the
+// sink and writes the row. Workspace: per (row, head), SPLITS x (HEAD_DIM + 2) floats.
+#ifdef SPLITS
+__kernel void kiln_decode_split(__global const uchar* P, __local uchar* scratch) {
+  const int head = get_group_id(0), q_row = get_group_id(1), split = get_local_id(0);
+  const int q_len = I32(Decode, q_len), heads = I32(Decode, num_heads_q);
+  const int b = q_row / q_len, token = q_row % q_len;
+  const int kv_head = head / (heads / I32(Decode, num_heads_kv));
+  const int len = PTR(const int, Decode, cache_seqlens)[b];
+  const int position = len - q_len + token;
+  const int end = len > 0 ? position + 1 : 0;
+  const int begin = I32(Decode, window_left) >= 0 ? max(0, position - I32(Decode, window_left)) : 0;
+  const int share = (max(end - begin, 0) + SPLITS - 1) / SPLITS;
+  const int lo = begin + split * share, hi = min(end, lo + share);
+  const float k_scale = F32(Decode, k_scale), v_scale = F32(Decode, v_scale);
+  const float scale = F32(Decode, softmax_scale), softcap = F32(Decode, softcap);
+  __global const elem* q = PTR(const elem, Decode, q) + q_row * I64(Decode, q_row_stride) + head * I64(Decode, q_head_stride);
+  __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);
+  const int page_size = I32(Decode, page_size);
+  __global const elem* k_base = PTR(const elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
+  __global const elem* v_base = PTR(const elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
+  const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);
+  const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
+  __global float* state = PTR(float, Decode, workspace) + ((long)q_row * heads + head) * SPLITS * (HEAD_DIM + 2);
+  __global float* mine = state + split * (HEAD_DIM + 2);
+  ATTEND_KEYS(DECODE_K, DECODE_V)
+  for (int d = 0; d < HEAD_DIM; ++d) mine[d] = acc[d];  // unnormalized, with its max and sum beside
+  mine[HEAD_DIM] = row.max_score;
+  mine[HEAD_DIM + 1] = row.denominator;
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  if (split != 0) return;
+  float m = -INFINITY;
+  for (int s = 0; s < SPLITS; ++s) m = fmax(m, state[s * (HEAD_DIM + 2) + HEAD_DIM]);
+  __global const float* sink = PTR(const float, Decode, sinks);
+  if (sink != 0) m = fmax(m, sink[head]);
+  float total = 0.0f;
+  float merged[HEAD_DIM];
+  for (int d = 0; d < HEAD_DIM; ++d) merged[d] = 0.0f;
+  for (int s = 0; s < SPLITS; ++s) {
+    __global const float* part = state + s * (HEAD_DIM + 2);
+    const float factor = part[HEAD_DIM] == -INFINITY ? 0.0f : exp(part[HEAD_DIM] - m);
+    total += part[HEAD_DIM + 1] * factor;
+    for (int d = 0; d < HEAD_DIM; ++d) merged[d] += part[d] * factor;
+  }
+  if (sink != 0 && m != -INFINITY) total += exp(sink[head] - m);
+  __global elem* result = PTR(elem, Decode, out) + q_row * I64(Decode, out_row_stride) + head * I64(Decode, out_head_stride);
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int d = 0; d < HEAD_DIM; ++d) store_elem(result, d, merged[d] * inv);
+  __global float* lse = PTR(float, Decode, lse);
+  if (lse != 0) lse[q_row * I64(Decode, lse_row_stride) + head] = total > 0.0f ? m + log(total) : -INFINITY;
+}
+#endif  // SPLITS
 #endif  // HEAD_DIM
 
 // KV-cache append, same 16-bit element type in and out, copied as bits: global size (tokens, Hkv).

@@ -87,6 +87,7 @@ const FieldOffset kFieldOffsets[] = {KILN_OCL_FIELD(Prefill, KilnPrefillParams, 
                                      KILN_OCL_FIELD(Decode, KilnDecodeParams, softcap),
                                      KILN_OCL_FIELD(Decode, KilnDecodeParams, k_scale),
                                      KILN_OCL_FIELD(Decode, KilnDecodeParams, v_scale),
+                                     KILN_OCL_FIELD(Decode, KilnDecodeParams, workspace),
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k),
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, tokens),
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v),
@@ -210,6 +211,30 @@ int specialize_decode(const char* signature, const char*, char* name, size_t nam
   return write_specialization("kiln_decode", element_options(p) + "-DHEAD_DIM=" + p["head_dim"], name, name_size, options, options_size);
 }
 
+constexpr int kDecodeSplits = 16;  // SPLITS in kernels.cl: work-items per (head, new token)
+
+int specialize_decode_split(const char* signature, const char*, char* name, size_t name_size, char* options, size_t options_size) {
+  auto p = properties(signature);
+  return write_specialization("kiln_decode_split",
+                              element_options(p) + "-DHEAD_DIM=" + p["head_dim"] + "\n-DSPLITS=" + std::to_string(kDecodeSplits), name,
+                              name_size, options, options_size);
+}
+
+// Each (new token, head) keeps kDecodeSplits partial states of head_dim + 2 floats.
+uint64_t decode_split_workspace(const void* params, const char*) {
+  const auto& p = *static_cast<const KilnDecodeParams*>(params);
+  return static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.q_len) * static_cast<uint64_t>(p.num_heads_q) * kDecodeSplits *
+         static_cast<uint64_t>(p.head_dim + 2) * sizeof(float);
+}
+
+int launch_decode_split(const void* params, const char*, kiln_plugin_launch* l) {
+  const auto& p = *static_cast<const KilnDecodeParams*>(params);
+  l->grid[0] = static_cast<uint32_t>(p.num_heads_q);
+  l->grid[1] = static_cast<uint32_t>(p.batch * p.q_len);
+  l->block[0] = kDecodeSplits;
+  return 0;
+}
+
 int specialize_kv_append(const char* signature, const char*, char* name, size_t name_size, char* options, size_t options_size) {
   auto p = properties(signature);
   return write_specialization("kiln_kv_append", element_options(p), name, name_size, options, options_size);
@@ -277,20 +302,22 @@ int launch_moe(const void* params, const char*, kiln_plugin_launch* l) {
 kiln_plugin_kernel_v2 kernel(const char* name, const char* family, const char* mode, const char* signatures,
                              int (*accepts)(const char*, char*, size_t),
                              int (*specialize)(const char*, const char*, char*, size_t, char*, size_t),
-                             int (*launch)(const void*, const char*, kiln_plugin_launch*)) {
+                             int (*launch)(const void*, const char*, kiln_plugin_launch*), int priority = 0,
+                             uint64_t (*workspace)(const void*, const char*) = nullptr) {
   kiln_plugin_kernel_v2 k{};
   k.name = name;
   k.family = family;
   k.mode = mode;
   k.vendor = "opencl";
   k.features = "opencl:svm_fine_grain_buffer";
-  k.priority = 0;  // REFERENCE: plainly correct, the oracle on this backend
+  k.priority = priority;  // 0, REFERENCE: plainly correct, the oracle `kiln check` uses on this backend
   k.specificity = 0;
   k.source = program().c_str();
   k.signatures = signatures;
   k.accepts = accepts;
   k.specialize = specialize;
   k.launch = launch;
+  k.workspace_bytes = workspace;
   return k;
 }
 
@@ -301,6 +328,8 @@ const kiln_plugin* kernel_table() {
       kernel("opencl.attention.prefill", "attention", "prefill", "dtype=bf16|f16", attention_accepts, specialize_prefill, launch_prefill),
       kernel("opencl.attention.extend", "attention", "extend", "dtype=bf16|f16", attention_accepts, specialize_prefill, launch_prefill),
       kernel("opencl.attention.decode", "attention", "decode", "dtype=bf16|f16", attention_accepts, specialize_decode, launch_decode),
+      kernel("opencl.attention.decode.split", "attention", "decode", "dtype=bf16|f16", attention_accepts, specialize_decode_split,
+             launch_decode_split, 1, decode_split_workspace),
       kernel("opencl.attention.kv_append", "attention", "kv_append", "dtype=bf16|f16", kv_append_accepts, specialize_kv_append,
              launch_kv_append),
       kernel("opencl.moe.apply", "moe", "apply", "dtype=bf16;weights=bf16|mxfp4", nullptr, specialize_moe, launch_moe),

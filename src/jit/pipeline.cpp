@@ -64,10 +64,14 @@ struct LoadedKernel {
 struct LoadedTable {
   std::shared_mutex mutex;
   std::unordered_map<LoadedKey, std::shared_ptr<const LoadedKernel>, LoadedKeyHash> entries;
+  // Kernels a registry change replaced: never unloaded, since a launch of theirs may still run.
+  std::vector<std::shared_ptr<const LoadedKernel>> retired;
 };
+// Loaded kernels live as long as the process: never destroyed, so no exit handler unloads a
+// module from a driver that may be gone already.
 LoadedTable& loaded_table() {
-  static LoadedTable t;
-  return t;
+  static auto* t = new LoadedTable();
+  return *t;
 }
 
 // The miss path: select, specialize, compile (or reuse the binary), load into the scope.
@@ -93,6 +97,7 @@ std::shared_ptr<const LoadedKernel> load_kernel(const OperatorCall& call, Vendor
     backend.unload(loaded->function);  // a racing thread loaded it first
     return slot;
   }
+  if (slot) table.retired.push_back(std::move(slot));
   slot = loaded;
   return loaded;
 }
