@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-device"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=ON >/dev/null
-ninja -C "$build" -j2 kiln kiln-compile-worker kiln_gpu_tests kiln_bench_host kiln_first_call kiln_test_plugin kiln_test_plugin_v2 kiln-fake-worker-crash kiln-fake-worker-hang >/dev/null
+ninja -C "$build" -j2 kiln kiln-compile-worker kiln_gpu_tests kiln_bench_host kiln_first_call kiln_test_plugin kiln_test_plugin_v2 kiln_test_plugin_acme kiln-fake-worker-crash kiln-fake-worker-hang >/dev/null
 rm -rf "$root/.carry" && mkdir -p "$root/.carry/build-device/lib" "$root/.carry/deps"
 cp -a "$build/bin" "$build/libexec" "$build/test-plugins" "$root/.carry/build-device/"
 cp -a "$build"/lib/libkiln.so* "$root/.carry/build-device/lib/"

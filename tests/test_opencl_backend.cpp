@@ -105,10 +105,13 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       {"mha_prefill", "batch=2,seqlen_q=17,seqlen_k=80,heads_q=4,heads_kv=4,head_dim=64,dtype=f16,softcap=1"},
       {"mha_decode_with_kvcache", "batch=3,context=200,heads_q=8,heads_kv=2,head_dim=128,page_size=16"},
       {"mha_decode_with_kvcache", "batch=2,context=77,heads_q=4,heads_kv=1,head_dim=64,page_size=16,q_len=3,window=20,sinks=1,dtype=f16"},
+      {"mha_decode_with_kvcache", "batch=3,context=150,heads_q=8,heads_kv=1,head_dim=64,page_size=16,kv_dtype=e4m3,sinks=1,window=40"},
       {"moe_apply", "tokens=5,hidden=128,inter=96,experts=8,top_k=2"},
       {"moe_apply",
        "tokens=7,hidden=256,inter=128,experts=16,top_k=4,routing=softmax_topk,activation=swiglu_clamped,layout=interleaved,bias=bf16"},
       {"moe_apply", "tokens=6,hidden=128,inter=64,experts=8,top_k=2,routing=precomputed,weights=mxfp4,bias=f32"},
+      {"moe_apply",
+       "tokens=6,hidden=128,inter=64,experts=8,top_k=2,weights=mxfp4_prepared,bias=bf16,activation=swiglu_clamped,layout=interleaved"},
   };
   for (const auto& [op, shape] : problems) {
     int rc = 0;
@@ -152,14 +155,21 @@ TEST_F(OpenclBackend, BinariesPersistAndASecondProcessLoadsThem) {
   EXPECT_NE(out.find("JIT"), std::string::npos) << out;
 }
 
-// Warm-up for the backend's target, then `kiln compile` finds the binary in the cache.
-TEST_F(OpenclBackend, CompilesForItsTargetAndBenchRuns) {
+// Warm-up of a whole model for the backend's target (GPT-OSS-120B: windows, sinks, e4m3 caches,
+// MXFP4 experts standard and prepared), then every signature served from the cache; a compile
+// for the target; and bench.
+TEST_F(OpenclBackend, WarmsAModelForItsTargetCompilesAndBenches) {
   int rc = 0;
-  std::string out =
-      cli(fmt::format("compile moe_apply --sig dtype=bf16,weights=bf16,hidden=128,inter=64,experts=8,top_k=2,routing=topk_softmax,"
-                      "logits=f32,activation=silu_glu,layout=concat,w13_bias=none,w2_bias=none --target {} --json",
-                      platform_.arch),
-          &rc);
+  std::string out = cli(fmt::format("warmup --manifest gpt-oss-120b --target {}", platform_.arch), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("failed     0"), std::string::npos) << out;
+  out = cli(fmt::format("warmup --check --manifest gpt-oss-120b --target {}", platform_.arch), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(" 0 missed"), std::string::npos) << out;
+  out = cli(fmt::format("compile moe_apply --sig dtype=bf16,weights=bf16,hidden=128,inter=64,experts=8,top_k=2,routing=topk_softmax,"
+                        "logits=f32,activation=silu_glu,layout=concat,w13_bias=none,w2_bias=none --target {} --json",
+                        platform_.arch),
+            &rc);
   ASSERT_EQ(rc, 0) << out;
   json j = json::parse(out.substr(out.find('{')));
   EXPECT_EQ(j["kernel"], "opencl.moe.apply");

@@ -31,6 +31,22 @@ inline float load_elem(__global const elem* p, long i) { return bf16_to_float(p[
 inline void store_elem(__global elem* p, long i, float v) { p[i] = float_to_bf16(v); }
 #endif
 
+// The KV cache's element: the queries' type, or e4m3 (KILN_CACHE_E4M3; dequantized with the
+// call's k_scale and v_scale).
+#ifdef KILN_CACHE_E4M3
+typedef uchar cache_elem;
+inline float load_cache(__global const cache_elem* p, long i) {
+  const uint b = p[i], magnitude = b & 0x7Fu;
+  if (magnitude == 0x7Fu) return NAN;
+  const uint exponent = magnitude >> 3, mantissa = magnitude & 7u;
+  const float value = exponent == 0 ? (float)mantissa * 0.001953125f : ldexp(1.0f + (float)mantissa * 0.125f, (int)exponent - 7);
+  return (b & 0x80u) ? -value : value;
+}
+#else
+typedef elem cache_elem;
+inline float load_cache(__global const cache_elem* p, long i) { return load_elem(p, i); }
+#endif
+
 inline float softcap_score(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
 
 // One query row's running softmax over keys visited one at a time (fp32).
@@ -71,13 +87,13 @@ inline float softmax_add_sink(SoftmaxRow* r, float sink) {
   }                                                                                            \
   SoftmaxRow row = {-INFINITY, 0.0f};                                                          \
   for (int j = lo; j < hi; ++j) {                                                              \
-    __global const elem* kr = k_row(j);                                                        \
-    __global const elem* vr = v_row(j);                                                        \
+    __global const cache_elem* kr = k_row(j);                                                  \
+    __global const cache_elem* vr = v_row(j);                                                  \
     float dot = 0.0f;                                                                          \
-    for (int d = 0; d < HEAD_DIM; ++d) dot += q_values[d] * (load_elem(kr, d) * k_scale);      \
+    for (int d = 0; d < HEAD_DIM; ++d) dot += q_values[d] * (load_cache(kr, d) * k_scale);      \
     float p;                                                                                   \
     const float rescale = softmax_add(&row, softcap_score(dot * scale, softcap), &p);         \
-    for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * rescale + p * (load_elem(vr, d) * v_scale); \
+    for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * rescale + p * (load_cache(vr, d) * v_scale); \
   }
 
 // The sink (when `sinks` is set), then the normalized row into `out` and its lse in lse_value.
@@ -124,8 +140,8 @@ __kernel void kiln_prefill(__global const uchar* P, __local uchar* scratch) {
   const long q_at = (long)(q_begin + row_in_seq);
   __global const elem* q = PTR(const elem, Prefill, q) + q_at * I64(Prefill, q_row_stride) + head * I64(Prefill, q_head_stride);
   __global elem* out = PTR(elem, Prefill, out) + q_at * I64(Prefill, out_row_stride) + head * I64(Prefill, out_head_stride);
-  __global const elem* k_base = PTR(const elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride);
-  __global const elem* v_base = PTR(const elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride);
+  __global const cache_elem* k_base = PTR(const cache_elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride);
+  __global const cache_elem* v_base = PTR(const cache_elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride);
   const long k_rs = I64(Prefill, k_row_stride), v_rs = I64(Prefill, v_row_stride);
   const long k_ps = I64(Prefill, k_page_stride), v_ps = I64(Prefill, v_page_stride);
   const int shift = I32(Prefill, page_shift), page_mask = I32(Prefill, page_size) - 1;
@@ -157,8 +173,8 @@ __kernel void kiln_decode(__global const uchar* P, __local uchar* scratch) {
   __global elem* out = PTR(elem, Decode, out) + q_row * I64(Decode, out_row_stride) + head * I64(Decode, out_head_stride);
   __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);
   const int page_size = I32(Decode, page_size);
-  __global const elem* k_base = PTR(const elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
-  __global const elem* v_base = PTR(const elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
+  __global const cache_elem* k_base = PTR(const cache_elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
+  __global const cache_elem* v_base = PTR(const cache_elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
   const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);
   const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
 #define DECODE_K(j) (k_base + (long)pages[(j) / page_size] * k_ps + ((j) % page_size) * k_rs)
@@ -189,8 +205,8 @@ __kernel void kiln_decode_split(__global const uchar* P, __local uchar* scratch)
   __global const elem* q = PTR(const elem, Decode, q) + q_row * I64(Decode, q_row_stride) + head * I64(Decode, q_head_stride);
   __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);
   const int page_size = I32(Decode, page_size);
-  __global const elem* k_base = PTR(const elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
-  __global const elem* v_base = PTR(const elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
+  __global const cache_elem* k_base = PTR(const cache_elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
+  __global const cache_elem* v_base = PTR(const cache_elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
   const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);
   const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
   __global float* state = PTR(float, Decode, workspace) + ((long)q_row * heads + head) * SPLITS * (HEAD_DIM + 2);
@@ -245,7 +261,9 @@ __kernel void kiln_kv_append(__global const uchar* P, __local uchar* scratch) {
 }
 
 #ifdef MOE_FORMAT
-// ---- MoE: one work-group per token (MOE_GROUP work-items). MOE_FORMAT 0 bf16, 1 MXFP4;
+#include "moe/mxfp4_prepared.h"  // from kiln's tree, handed over with the program
+
+// ---- MoE: one work-group per token. MOE_FORMAT 0 bf16, 1 MXFP4, 2 MXFP4 prepared;
 // MOE_ACTIVATION 0 silu_glu, 1 swiglu_clamped; MOE_INTERLEAVED; MOE_ROUTING 0 topk_softmax,
 // 1 softmax_topk, 2 precomputed; MOE_LOGITS_BF16; MOE_BIAS13 / MOE_BIAS2 0 none, 1 f32, 2 bf16.
 #define MAX_TOP_K 32
@@ -262,8 +280,12 @@ inline float moe_weight(__global const uchar* base, __global const uchar* scales
 #if MOE_FORMAT == 0
   return bf16_to_float(((__global const ushort*)base)[row_offset + k]);
 #else
-  const uchar byte = base[row_offset + k / 2];
-  const uint nibble = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+  __global const uchar* byte = base + row_offset + k / 2;
+#if MOE_FORMAT == 2  // rows start on 16-byte boundaries (moe_apply checks)
+  const uint nibble = kiln_mxfp4_prepared_value(*(__global const uint*)(byte - (k / 2) % 4), k % 8);
+#else
+  const uint nibble = (k & 1) ? (*byte >> 4) : (*byte & 0xFu);
+#endif
   return e2m1_to_float(nibble) * e8m0_to_float(scales[scale_row_offset + k / 32]);
 #endif
 }

@@ -6,10 +6,13 @@
 #include <CL/cl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <string>
@@ -226,6 +229,30 @@ int compiler_identity(const char* target, kiln_backend_write_fn write, void* sin
   return 0;
 }
 
+// A private folder holding a compile's headers, removed with it.
+struct HeaderFolder {
+  std::string path;
+  ~HeaderFolder() {
+    if (!path.empty()) std::filesystem::remove_all(path);
+  }
+  bool write(const kiln_backend_compile_request* r, kiln_backend_error* err) {
+    char pattern[] = "/tmp/kiln-opencl-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) return fail(err, "mkdtemp: %s", std::strerror(errno)) == 0;
+    path = pattern;
+    for (uint32_t i = 0; i < r->num_headers; ++i) {
+      const std::filesystem::path file = std::filesystem::path(path) / r->header_names[i];
+      if (file.lexically_normal().string().rfind(path + "/", 0) != 0)
+        return fail(err, "header name '%s' leaves its folder", r->header_names[i]) == 0;
+      std::error_code ec;
+      std::filesystem::create_directories(file.parent_path(), ec);
+      std::ofstream out(file, std::ios::binary);
+      out << r->header_texts[i];
+      if (!out) return fail(err, "cannot write header %s", file.c_str()) == 0;
+    }
+    return true;
+  }
+};
+
 std::string build_log(cl_program program, cl_device_id device) {
   size_t size = 0;
   clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
@@ -238,8 +265,14 @@ std::string build_log(cl_program program, cl_device_id device) {
 int compile(const kiln_backend_compile_request* r, kiln_backend_write_fn write, void* binary, void* log, kiln_backend_error* err) {
   Device* d = device_for_target(r->target, err);
   if (d == nullptr) return 1;
-  if (r->num_headers > 0) return fail(err, "OpenCL programs of kiln are single files; this one includes %u headers", r->num_headers);
+  // Headers the program includes by name (kiln resolves them from its tree) go to a scratch
+  // folder on the include path.
   std::string options = "-cl-std=CL3.0";
+  HeaderFolder headers;
+  if (r->num_headers > 0) {
+    if (!headers.write(r, err)) return 1;
+    options += " -I" + headers.path;
+  }
   for (uint32_t i = 0; i < r->num_options; ++i) options += std::string(" ") + r->options[i];
   cl_int status = CL_SUCCESS;
   const char* text = r->source;

@@ -177,8 +177,8 @@ int attention_accepts(const char* signature, char* reason, size_t size) {
   auto p = properties(signature);
   const int head_dim = std::atoi(p["head_dim"].c_str());
   if (head_dim < 1 || head_dim > 256) return refuse(reason, size, "head_dim " + p["head_dim"] + " unsupported (1 to 256)");
-  if (p.count("kv_dtype") && p["kv_dtype"] != p["dtype"]) {
-    return refuse(reason, size, "kv_dtype " + p["kv_dtype"] + " unsupported (the OpenCL kernels take caches of the queries' type)");
+  if (p.count("kv_dtype") && p["kv_dtype"] != p["dtype"] && p["kv_dtype"] != "e4m3") {
+    return refuse(reason, size, "kv_dtype " + p["kv_dtype"] + " unsupported (the queries' type, or e4m3)");
   }
   return 1;
 }
@@ -199,7 +199,9 @@ int write_specialization(const char* entry, const std::string& options, char* na
   return 0;
 }
 
-std::string element_options(std::map<std::string, std::string>& p) { return p["dtype"] == "f16" ? "-DKILN_F16=1\n" : ""; }
+std::string element_options(std::map<std::string, std::string>& p) {
+  return std::string(p["dtype"] == "f16" ? "-DKILN_F16=1\n" : "") + (p["kv_dtype"] == "e4m3" ? "-DKILN_CACHE_E4M3=1\n" : "");
+}
 
 int specialize_prefill(const char* signature, const char*, char* name, size_t name_size, char* options, size_t options_size) {
   auto p = properties(signature);
@@ -246,7 +248,11 @@ int specialize_moe(const char* signature, const char*, char* name, size_t name_s
   auto p = properties(signature);
   const std::string& routing = p["routing"];
   std::ostringstream o;
-  o << "-DMOE_FORMAT=" << (p["weights"] == "mxfp4" ? 1 : 0) << "\n"
+  o << "-DMOE_FORMAT="
+    << (p["weights"] == "mxfp4"            ? 1
+        : p["weights"] == "mxfp4_prepared" ? 2
+                                           : 0)
+    << "\n"
     << "-DMOE_ACTIVATION=" << (p["activation"] == "swiglu_clamped" ? 1 : 0) << "\n"
     << "-DMOE_INTERLEAVED=" << (p["layout"] == "interleaved" ? 1 : 0) << "\n"
     << "-DMOE_ROUTING="
@@ -332,7 +338,7 @@ const kiln_plugin* kernel_table() {
              launch_decode_split, 1, decode_split_workspace),
       kernel("opencl.attention.kv_append", "attention", "kv_append", "dtype=bf16|f16", kv_append_accepts, specialize_kv_append,
              launch_kv_append),
-      kernel("opencl.moe.apply", "moe", "apply", "dtype=bf16;weights=bf16|mxfp4", nullptr, specialize_moe, launch_moe),
+      kernel("opencl.moe.apply", "moe", "apply", "dtype=bf16;weights=bf16|mxfp4|mxfp4_prepared", nullptr, specialize_moe, launch_moe),
   };
   static const kiln_plugin plugin{KILN_PLUGIN_ABI_VERSION, "kiln-opencl", sizeof(kernels) / sizeof(kernels[0]), nullptr, kernels};
   return &plugin;
