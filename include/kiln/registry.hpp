@@ -48,7 +48,9 @@ struct LaunchShape {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t dynamic_shared_bytes = 0;
-  uint32_t cluster[3] = {0, 0, 0};  // {0,0,0}: no cluster
+  uint32_t cluster[3] = {0, 0, 0};  // {0,0,0}: no cluster; else a 0 dimension counts as 1
+  bool has_cluster() const { return cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0; }
+  uint32_t cluster_dim(int i) const { return cluster[i] != 0 ? cluster[i] : 1; }
   bool programmatic_dependent_launch = false;
   // Every CTA resident at once (cuLaunchKernelEx with the cooperative attribute; the launch fails
   // rather than deadlock when they do not fit), for kernels with grid-wide barriers.

@@ -26,11 +26,11 @@ CUresult launch_with_attributes(CUfunction function, const LaunchShape& shape, v
   config.hStream = static_cast<CUstream>(stream);
   CUlaunchAttribute attributes[3];
   unsigned n = 0;
-  if (shape.cluster[0] > 0) {
+  if (shape.has_cluster()) {
     attributes[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attributes[n].value.clusterDim.x = shape.cluster[0];
-    attributes[n].value.clusterDim.y = shape.cluster[1] ? shape.cluster[1] : 1;
-    attributes[n].value.clusterDim.z = shape.cluster[2] ? shape.cluster[2] : 1;
+    attributes[n].value.clusterDim.x = shape.cluster_dim(0);
+    attributes[n].value.clusterDim.y = shape.cluster_dim(1);
+    attributes[n].value.clusterDim.z = shape.cluster_dim(2);
     ++n;
   }
   if (shape.programmatic_dependent_launch) {
@@ -192,7 +192,7 @@ void LaunchLimits::raise_for(CUfunction function, const LaunchShape& shape) {
   // as CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE without it).
   const uint32_t shared = shape.dynamic_shared_bytes;
   // Clusters above the portable 8 CTAs (Hopper allows 16) need the kernel to opt in.
-  const bool large_cluster = shape.cluster[0] * std::max(shape.cluster[1], 1u) * std::max(shape.cluster[2], 1u) > 8;
+  const bool large_cluster = shape.has_cluster() && shape.cluster_dim(0) * shape.cluster_dim(1) * shape.cluster_dim(2) > 8;
   const bool shared_ok = shared <= dynamic_shared_bytes_.load(std::memory_order_acquire);
   if (shared_ok && (!large_cluster || non_portable_clusters_.load(std::memory_order_acquire))) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -212,7 +212,7 @@ void launch(CUfunction function, LaunchLimits& limits, const LaunchShape& shape,
   if (shape.grid[0] == 0 || shape.grid[1] == 0 || shape.grid[2] == 0) return;  // empty problem
   void* args[] = {const_cast<void*>(params)};
   CUresult result;
-  if (shape.cluster[0] == 0 && !shape.programmatic_dependent_launch && !shape.cooperative) {
+  if (!shape.has_cluster() && !shape.programmatic_dependent_launch && !shape.cooperative) {
     result = KILN_CU_FN(cuLaunchKernel)(function, shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1],
                                         shape.block[2], shape.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
   } else {

@@ -169,7 +169,7 @@ void unload(const LoadedFunction& f) {
 }
 
 void launch(int index, void* function, const LaunchShape& shape, const void* params, Stream stream, const std::string& kernel_name) {
-  if (shape.cluster[0] != 0 || shape.programmatic_dependent_launch) {
+  if (shape.has_cluster() || shape.programmatic_dependent_launch) {
     throw Error(ErrorCode::kUnsupported,
                 fmt::format("kernel '{}' asks for a thread-block cluster or programmatic dependent launch, which kiln's AMD "
                             "backend does not do",
