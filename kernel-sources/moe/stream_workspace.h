@@ -45,19 +45,10 @@ KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return 
 #define KILN_MOE_GEMM_MXFP4_MIN_TOKENS 1024
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
-// 128 bytes to align the rings. The kernel is compiled with KILN_MOE_RING_STAGES, which the host
-// picks per target (kiln_moe_ring_stages): 3 (60 KB) within the 99 KB of sm_86, sm_89 and sm_120
-// beside the 27 KB of static shared memory; 5 (100 KB) on Hopper and Blackwell, where x for
-// KILN_MOE_LOCAL_MAX_TOKENS tokens still fits beside them. More stages keep more weight bytes in
-// flight, which decode sizes are bound by.
-#ifndef KILN_MOE_RING_STAGES
+// 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the
+// 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
 #define KILN_MOE_RING_STAGES 3
-#endif
-KILN_HOST_DEVICE inline long long kiln_moe_ring_bytes(long long stages) { return 16 * stages * (1024 + 256) + 128; }
-#define KILN_MOE_RING_BYTES kiln_moe_ring_bytes(KILN_MOE_RING_STAGES)
-KILN_HOST_DEVICE inline int kiln_moe_ring_stages(long long shared_memory_per_block) {
-  return shared_memory_per_block >= 200 * 1024 ? 5 : 3;
-}
+#define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)
 // Up to this many tokens every CTA routes all tokens itself (its shared routing lists hold them).
 // With MXFP4 weights it also keeps x, in the MXFP4 k order, in shared memory after the rings: the
 // launch adds kiln_moe_local_x_bytes when the GPU has room for them (src/kernels/moe_apply_stream.cpp),
@@ -71,9 +62,9 @@ KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long 
 // x after the rings. The kernel decides by it, and so does its registration, which then clears no
 // workspace before the launch.
 KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm,
-                                                    long long dynamic_bytes, long long ring_bytes) {
+                                                    long long dynamic_bytes) {
   if (tokens > KILN_MOE_LOCAL_MAX_TOKENS || grouped_gemm) return 0;
-  return !mxfp4 || dynamic_bytes >= ring_bytes + kiln_moe_local_x_bytes(tokens, hidden);
+  return !mxfp4 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(tokens, hidden);
 }
 
 struct KilnMoeStreamWorkspace {

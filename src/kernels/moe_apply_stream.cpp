@@ -5,14 +5,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "core/env.hpp"
 #include "kernels/moe_signature.hpp"
-#include "kiln/error.hpp"
 #include "kiln/registry.hpp"
 #include "moe/params.h"
 #include "moe/stream_workspace.h"
@@ -72,27 +69,13 @@ std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Pla
           weights(kMoeMapW2, p.w2, inter, hidden, p.w2_row_stride, p.w2_expert_stride, 256)};
 }
 
-// Stages of the MXFP4 weight rings for a target (stream_workspace.h); KILN_MOE_RING_STAGES (2 to
-// 8) overrides it, for tuning.
-int ring_stages(const Platform& platform) {
-  static const std::optional<int64_t> forced = detail::env_int("KILN_MOE_RING_STAGES");
-  if (forced) {
-    if (*forced < 2 || *forced > 8)
-      throw Error(ErrorCode::kInvalidArgument, fmt::format("KILN_MOE_RING_STAGES={} must be 2 to 8", *forced));
-    return static_cast<int>(*forced);
-  }
-  return kiln_moe_ring_stages(static_cast<long long>(platform.shared_memory_per_block));
-}
-
-long long ring_bytes(const Platform& platform) { return kiln_moe_ring_bytes(ring_stages(platform)); }
-
 // The MXFP4 rings, and after them x for local routing where the GPU's shared memory holds it
 // beside the kernel's static arrays (about 27 KB; kStaticSharedSlack leaves room to spare).
 uint32_t mxfp4_streaming_shared_bytes(const KilnMoeParams& p, const Platform& platform) {
   constexpr long long kStaticSharedSlack = 32 * 1024;
-  const long long rings = ring_bytes(platform), with_x = rings + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
+  const long long with_x = KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(p.num_tokens, p.hidden);
   const bool fits = with_x + kStaticSharedSlack <= static_cast<long long>(platform.shared_memory_per_block);
-  return static_cast<uint32_t>(fits ? with_x : rings);
+  return static_cast<uint32_t>(fits ? with_x : KILN_MOE_RING_BYTES);
 }
 
 // The launch's dynamic shared memory: the grouped-GEMM stages where those phases run (its size
@@ -118,9 +101,8 @@ KernelSpec moe_stream_spec() {
       return fmt::format("experts {} unsupported (at most {})", sig.get_int("experts"), kMaxExperts);
     return std::nullopt;
   };
-  spec.specialize = [](const Signature& sig, const Platform& platform) {
-    return Specialization{detail::moe_template_instance("kiln::moe_apply_stream", sig),
-                          {fmt::format("-DKILN_MOE_RING_STAGES={}", ring_stages(platform))}};
+  spec.specialize = [](const Signature& sig, const Platform&) {
+    return Specialization{detail::moe_template_instance("kiln::moe_apply_stream", sig), {}};
   };
   // One CTA per SM, all resident (the cooperative launch fails rather than deadlock when they are
   // not): 512 threads with MXFP4 weights (at most 128 registers each, about 27 KB of static shared
@@ -151,7 +133,7 @@ KernelSpec moe_stream_spec() {
   spec.workspace_zeroed_bytes = [](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnMoeParams*>(params);
     if (kiln_moe_routes_locally(p.num_tokens, p.hidden, p.w13_scale != nullptr, use_grouped_gemm(p, platform),
-                                dynamic_shared_bytes(p, platform), ring_bytes(platform))) {
+                                dynamic_shared_bytes(p, platform))) {
       return size_t{0};
     }
     return static_cast<size_t>(kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate).ids);
