@@ -28,6 +28,7 @@
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
+#include "support/compile_race.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -37,12 +38,8 @@ using Mode = KernelCache::Mode;
 
 const std::string kCompiler = "nvrtc 13.0 test";
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::file_bytes;
+using test::kPrefillSig;
 
 class CacheTest : public ::testing::Test {
  protected:
@@ -504,36 +501,10 @@ TEST_F(CacheTest, WriterKilledMidTransactionLeavesNoPartialRowAndNoLock) {
 
 // ---- real kiln processes ------------------------------------------------------------------------
 
-const char* kPrefillSig = "dtype=bf16,head_dim=64,group=4,causal=1,window=0,sinks=0,softcap=0,lse=0";
-
-// Runs `kiln compile --json` for each signature in its own process, all at once; returns each
-// process's origin ("compiled"/"disk"), or "rc=N" on failure.
+// Every process on the one cache directory `cache_dir`, their output files beside it.
 std::vector<std::string> race(const std::string& cache_dir, const std::vector<std::string>& sigs, const std::string& env = "") {
-  const fs::path base = fs::path(cache_dir).parent_path();
-  fs::create_directories(base);
-  std::string script = "cd " + base.string() + "; ";
-  for (size_t i = 0; i < sigs.size(); ++i) {
-    // Under the sanitizer build, LeakSanitizer's exit-time scan of these racing processes crashed
-    // ("Tracer caught signal 11") on dynamic-TLS records that NVRTC, loaded in each to compute
-    // its identity, leaves behind. The scan is a sanitizer runtime fault, not a leak; these tests
-    // are about the cache, and the CLI's leak checks run in every other CLI test.
-    script += fmt::format(
-        "( ASAN_OPTIONS=detect_leaks=0 {} KILN_CACHE_DIR={} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} 2> err.{}; "
-        "echo $? > rc.{} ) & ",
-        env, cache_dir, KILN_TEST_CLI, sigs[i], i, i, i);
-  }
-  script += "wait";
-  EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
-  std::vector<std::string> origins;
-  for (size_t i = 0; i < sigs.size(); ++i) {
-    const std::string rc = file_bytes((base / ("rc." + std::to_string(i))).string());
-    if (std::stoi(rc) != 0) {
-      origins.push_back("rc=" + rc + " " + file_bytes((base / ("err." + std::to_string(i))).string()));
-      continue;
-    }
-    origins.push_back(nlohmann::json::parse(file_bytes((base / ("out." + std::to_string(i))).string()))["origin"]);
-  }
-  return origins;
+  return test::race_compiles(
+      fs::path(cache_dir).parent_path(), sigs, [&](size_t) { return cache_dir; }, env);
 }
 
 TEST_F(CacheTest, SixteenProcessesOneKeyCompileOnce) {

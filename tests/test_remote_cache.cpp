@@ -22,6 +22,7 @@
 #include "cache/row_signing.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
+#include "support/compile_race.hpp"
 #include "support/redis_server.hpp"
 
 namespace kiln::detail {
@@ -32,14 +33,8 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 using test::RedisServer;
 
-const char* kPrefillSig = "dtype=bf16,head_dim=64,group=4,causal=1,window=0,sinks=0,softcap=0,lse=0";
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::file_bytes;
+using test::kPrefillSig;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -368,28 +363,10 @@ TEST(RemoteSettingsTest, UrlsAndSettingsAreCheckedByName) {
 
 // ---- kiln processes on several nodes ----------------------------------------------------------
 
-// Runs `kiln compile --json` for each signature in its own process, all at once; process i uses
-// node (i / 4) % nodes (a cache directory of its own). Returns each process's origin or "rc=N ...".
+// Process i uses node (i / 4) % nodes: a cache directory of its own under `base`.
 std::vector<std::string> race(const fs::path& base, int nodes, const std::vector<std::string>& sigs, const std::string& env) {
-  std::string script = "cd " + base.string() + "; ";
-  for (size_t i = 0; i < sigs.size(); ++i) {
-    script += fmt::format(
-        "( ASAN_OPTIONS=detect_leaks=0 {} KILN_CACHE_DIR={}/node{} {} compile mha_prefill --target sm_90a --json --sig {} > out.{} "
-        "2> err.{}; echo $? > rc.{} ) & ",
-        env, base.string(), (i / 4) % nodes, KILN_TEST_CLI, sigs[i], i, i, i);
-  }
-  script += "wait";
-  EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
-  std::vector<std::string> origins;
-  for (size_t i = 0; i < sigs.size(); ++i) {
-    const std::string rc = file_bytes((base / ("rc." + std::to_string(i))).string());
-    if (std::stoi(rc) != 0) {
-      origins.push_back("rc=" + rc + " " + file_bytes((base / ("err." + std::to_string(i))).string()));
-      continue;
-    }
-    origins.push_back(nlohmann::json::parse(file_bytes((base / ("out." + std::to_string(i))).string()))["origin"]);
-  }
-  return origins;
+  return test::race_compiles(
+      base, sigs, [&](size_t i) { return fmt::format("{}/node{}", base.string(), (i / 4) % nodes); }, env);
 }
 
 TEST_F(RemoteCacheTest, SixteenProcessesOnTwoNodesCompileEachKeyOnce) {

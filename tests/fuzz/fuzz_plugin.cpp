@@ -52,6 +52,21 @@ int specialize(const char*, const char*, char* name, size_t name_size, char* opt
 
 }  // namespace
 
+// The fields kernels of every ABI version share, read in the same order for both.
+template <typename Kernel>
+void read_common_fields(Reader& r, Kernel& k) {
+  k.name = r.str();
+  k.family = r.str();
+  k.mode = r.str();
+  k.vendor = r.str();
+  k.min_arch = r.i32();
+  k.max_arch = r.i32();
+  k.features = r.str();
+  k.priority = r.i32() % 8;
+  k.specificity = r.i32();
+  k.source = r.str();
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> storage;
   storage.reserve(64);  // c_str() pointers must stay valid
@@ -63,16 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<kiln_plugin_kernel> kernels(plugin.abi_version == 1 ? r.byte() % 4 : 0);
   std::vector<kiln_plugin_kernel_v2> kernels_v2(plugin.abi_version == 2 ? r.byte() % 4 : 0);
   for (auto& k : kernels_v2) {
-    k.name = r.str();
-    k.family = r.str();
-    k.mode = r.str();
-    k.vendor = r.str();
-    k.min_arch = r.i32();
-    k.max_arch = r.i32();
-    k.features = r.str();
-    k.priority = r.i32() % 8;
-    k.specificity = r.i32();
-    k.source = r.str();
+    read_common_fields(r, k);
     k.signatures = r.str();
     k.name_expression = r.str();
     const uint8_t callbacks = r.byte();
@@ -81,16 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     k.specialize = callbacks & 8 ? nullptr : specialize;
   }
   for (auto& k : kernels) {
-    k.name = r.str();
-    k.family = r.str();
-    k.mode = r.str();
-    k.vendor = r.str();
-    k.min_arch = r.i32();
-    k.max_arch = r.i32();
-    k.features = r.str();
-    k.priority = r.i32() % 8;
-    k.specificity = r.i32();
-    k.source = r.str();
+    read_common_fields(r, k);
     k.name_expression = r.str();
     const uint8_t callbacks = r.byte();
     k.accepts = callbacks & 1 ? nullptr : (callbacks & 2 ? accepts_all : refuses);
