@@ -103,6 +103,7 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       {"mha_prefill", "batch=2,seqlen=64,heads_q=8,heads_kv=2,head_dim=64,causal=1"},
       {"mha_prefill", "batch=3,seqlen=100,heads_q=4,heads_kv=1,head_dim=128,causal=1,window=32,sinks=1"},
       {"mha_prefill", "batch=2,seqlen_q=17,seqlen_k=80,heads_q=4,heads_kv=4,head_dim=64,dtype=f16,softcap=1"},
+      {"mha_prefill", "batch=2,seqlen_q=33,seqlen_k=20,heads_q=2,heads_kv=1,head_dim=32,causal=1,window=5"},
       {"mha_decode_with_kvcache", "batch=3,context=200,heads_q=8,heads_kv=2,head_dim=128,page_size=16"},
       {"mha_decode_with_kvcache", "batch=2,context=77,heads_q=4,heads_kv=1,head_dim=64,page_size=16,q_len=3,window=20,sinks=1,dtype=f16"},
       {"mha_decode_with_kvcache", "batch=3,context=150,heads_q=8,heads_kv=1,head_dim=64,page_size=16,kv_dtype=e4m3,sinks=1,window=40"},
@@ -120,6 +121,11 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
     const json j = json::parse(out.substr(out.find('{')));
     EXPECT_TRUE(j["pass"].get<bool>()) << out;
     EXPECT_EQ(j["kernel"].get<std::string>().rfind("opencl.", 0), 0u) << out;
+    if (op == "mha_prefill") {
+      // The tiled kernel (K and V tiles in local memory, shared by 16 rows) against the one-row one.
+      EXPECT_EQ(j["kernel"], "opencl.attention.prefill.tiled") << out;
+      EXPECT_EQ(j["reference"], "opencl.attention.prefill") << out;
+    }
     if (op == "mha_decode_with_kvcache") {
       // The split kernel (a workspace for its partial states) against the one-row reference.
       EXPECT_EQ(j["kernel"], "opencl.attention.decode.split") << out;

@@ -155,6 +155,87 @@ __kernel void kiln_prefill(__global const uchar* P, __local uchar* scratch) {
   if (lse != 0) lse[q_at * I64(Prefill, lse_row_stride) + head] = lse_value;
 }
 
+#ifdef TILE_KEYS
+// Prefill and extend, tiled: a work-group of TILE_KEYS work-items takes TILE_KEYS consecutive query
+// rows of one head and sequence, and walks the keys any of them sees in tiles of TILE_KEYS rows of
+// K and V, which it loads once into local memory (as floats) for all its rows. Local scratch:
+// 2 x TILE_KEYS x HEAD_DIM floats.
+__kernel void kiln_prefill_tiled(__global const uchar* P, __local uchar* scratch) {
+  const int lid = get_local_id(0), row_in_seq = get_global_id(0), head = get_global_id(1), b = get_global_id(2);
+  const int first_row = get_group_id(0) * TILE_KEYS;
+  __local float* k_tile = (__local float*)scratch;
+  __local float* v_tile = k_tile + TILE_KEYS * HEAD_DIM;
+  __global const int* page_table = PTR(const int, Prefill, page_table);
+  const bool paged = page_table != 0;
+  const int fixed_q_len = I32(Prefill, q_len);
+  __global const int* cu_q = PTR(const int, Prefill, cu_seqlens_q);
+  __global const int* cu_k = PTR(const int, Prefill, cu_seqlens_k);
+  const int q_begin = fixed_q_len > 0 ? b * fixed_q_len : cu_q[b];
+  const int len_q = fixed_q_len > 0 ? fixed_q_len : cu_q[b + 1] - q_begin;
+  const int k_begin = paged ? 0 : cu_k[b];
+  const int len_k = paged ? PTR(const int, Prefill, cache_seqlens)[b] : cu_k[b + 1] - k_begin;
+  if (first_row >= len_q) return;  // the whole work-group: no barrier is left waiting
+  const int kv_head = head / (I32(Prefill, num_heads_q) / I32(Prefill, num_heads_kv));
+  const float k_scale = paged ? F32(Prefill, k_scale) : 1.0f, v_scale = paged ? F32(Prefill, v_scale) : 1.0f;
+  const float scale = F32(Prefill, softmax_scale), softcap = F32(Prefill, softcap);
+  const int causal = I32(Prefill, causal), window = I32(Prefill, window_left);
+  __global const float* sinks = PTR(const float, Prefill, sinks);
+
+  // This row's visible keys, and the group's: from the first row's lo to the last row's hi.
+  const bool active = row_in_seq < len_q;
+  const int last_row = min(first_row + TILE_KEYS, len_q) - 1;
+  const int position = row_in_seq + len_k - len_q;
+  const int lo = window >= 0 ? max(0, position - window) : 0;
+  const int hi = causal ? min(len_k, position + 1) : len_k;
+  const int group_lo = window >= 0 ? max(0, first_row + len_k - len_q - window) : 0;
+  const int group_hi = causal ? min(len_k, last_row + len_k - len_q + 1) : len_k;
+
+  const long q_at = (long)(q_begin + min(row_in_seq, len_q - 1));
+  __global const elem* q = PTR(const elem, Prefill, q) + q_at * I64(Prefill, q_row_stride) + head * I64(Prefill, q_head_stride);
+  __global const cache_elem* k_base = PTR(const cache_elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride);
+  __global const cache_elem* v_base = PTR(const cache_elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride);
+  const long k_rs = I64(Prefill, k_row_stride), v_rs = I64(Prefill, v_row_stride);
+  const long k_ps = I64(Prefill, k_page_stride), v_ps = I64(Prefill, v_page_stride);
+  const int shift = I32(Prefill, page_shift), page_mask = I32(Prefill, page_size) - 1;
+  __global const int* pages = paged ? page_table + b * I64(Prefill, page_table_stride) : 0;
+
+  float q_values[HEAD_DIM], acc[HEAD_DIM];
+  for (int d = 0; d < HEAD_DIM; ++d) {
+    q_values[d] = load_elem(q, d);
+    acc[d] = 0.0f;
+  }
+  SoftmaxRow row = {-INFINITY, 0.0f};
+  for (int tile = group_lo; tile < group_hi; tile += TILE_KEYS) {
+    const int j = tile + lid;  // the key row this work-item loads
+    if (j < group_hi) {
+      __global const cache_elem* kr = PREFILL_ROW(k_base, k_rs, k_ps, j);
+      __global const cache_elem* vr = PREFILL_ROW(v_base, v_rs, v_ps, j);
+      for (int d = 0; d < HEAD_DIM; ++d) {
+        k_tile[lid * HEAD_DIM + d] = load_cache(kr, d) * k_scale;
+        v_tile[lid * HEAD_DIM + d] = load_cache(vr, d) * v_scale;
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int from = max(lo, tile), to = min(hi, min(tile + TILE_KEYS, group_hi));
+    for (int jj = active ? from : to; jj < to; ++jj) {
+      __local const float* kt = k_tile + (jj - tile) * HEAD_DIM;
+      __local const float* vt = v_tile + (jj - tile) * HEAD_DIM;
+      float dot = 0.0f;
+      for (int d = 0; d < HEAD_DIM; ++d) dot += q_values[d] * kt[d];
+      float p;
+      const float rescale = softmax_add(&row, softcap_score(dot * scale, softcap), &p);
+      for (int d = 0; d < HEAD_DIM; ++d) acc[d] = acc[d] * rescale + p * vt[d];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (!active) return;
+  __global elem* out = PTR(elem, Prefill, out) + q_at * I64(Prefill, out_row_stride) + head * I64(Prefill, out_head_stride);
+  ATTEND_FINISH
+  __global float* lse = PTR(float, Prefill, lse);
+  if (lse != 0) lse[q_at * I64(Prefill, lse_row_stride) + head] = lse_value;
+}
+#endif  // TILE_KEYS
+
 // Decode over a paged cache: global size (Hq, batch * q_len), one work-item per (head, new token).
 __kernel void kiln_decode(__global const uchar* P, __local uchar* scratch) {
   const int head = get_global_id(0), q_row = get_global_id(1);

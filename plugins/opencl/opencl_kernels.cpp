@@ -213,6 +213,28 @@ int specialize_decode(const char* signature, const char*, char* name, size_t nam
   return write_specialization("kiln_decode", element_options(p) + "-DHEAD_DIM=" + p["head_dim"], name, name_size, options, options_size);
 }
 
+uint32_t ceil_div(long long a, long long b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+constexpr int kPrefillTile = 16;  // TILE_KEYS in kernels.cl: query rows per work-group, key rows per tile
+
+int specialize_prefill_tiled(const char* signature, const char*, char* name, size_t name_size, char* options, size_t options_size) {
+  auto p = properties(signature);
+  return write_specialization("kiln_prefill_tiled",
+                              element_options(p) + "-DHEAD_DIM=" + p["head_dim"] + "\n-DTILE_KEYS=" + std::to_string(kPrefillTile), name,
+                              name_size, options, options_size);
+}
+
+int launch_prefill_tiled(const void* params, const char*, kiln_plugin_launch* l) {
+  const auto& p = *static_cast<const KilnPrefillParams*>(params);
+  const int rows = p.q_len > 0 ? p.q_len : p.max_seqlen_q;
+  l->grid[0] = ceil_div(rows, kPrefillTile);
+  l->grid[1] = static_cast<uint32_t>(p.num_heads_q);
+  l->grid[2] = static_cast<uint32_t>(p.batch);
+  l->block[0] = kPrefillTile;
+  l->dynamic_shared_bytes = static_cast<uint32_t>(2 * kPrefillTile * p.head_dim * sizeof(float));
+  return 0;
+}
+
 constexpr int kDecodeSplits = 16;  // SPLITS in kernels.cl: work-items per (head, new token)
 
 int specialize_decode_split(const char* signature, const char*, char* name, size_t name_size, char* options, size_t options_size) {
@@ -265,8 +287,6 @@ int specialize_moe(const char* signature, const char*, char* name, size_t name_s
     << "-DMOE_BIAS2=" << bias_kind(p["w2_bias"]);
   return write_specialization("kiln_moe_apply", o.str(), name, name_size, options, options_size);
 }
-
-uint32_t ceil_div(long long a, long long b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
 // Work-groups of 16 rows: one work-item per (query row, head, sequence).
 int launch_prefill(const void* params, const char*, kiln_plugin_launch* l) {
@@ -333,6 +353,10 @@ const kiln_plugin* kernel_table() {
   static const kiln_plugin_kernel_v2 kernels[] = {
       kernel("opencl.attention.prefill", "attention", "prefill", "dtype=bf16|f16", attention_accepts, specialize_prefill, launch_prefill),
       kernel("opencl.attention.extend", "attention", "extend", "dtype=bf16|f16", attention_accepts, specialize_prefill, launch_prefill),
+      kernel("opencl.attention.prefill.tiled", "attention", "prefill", "dtype=bf16|f16", attention_accepts, specialize_prefill_tiled,
+             launch_prefill_tiled, 1),
+      kernel("opencl.attention.extend.tiled", "attention", "extend", "dtype=bf16|f16", attention_accepts, specialize_prefill_tiled,
+             launch_prefill_tiled, 1),
       kernel("opencl.attention.decode", "attention", "decode", "dtype=bf16|f16", attention_accepts, specialize_decode, launch_decode),
       kernel("opencl.attention.decode.split", "attention", "decode", "dtype=bf16|f16", attention_accepts, specialize_decode_split,
              launch_decode_split, 1, decode_split_workspace),
