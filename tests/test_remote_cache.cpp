@@ -363,6 +363,12 @@ TEST(RemoteSettingsTest, UrlsAndSettingsAreCheckedByName) {
 
 // ---- kiln processes on several nodes ----------------------------------------------------------
 
+// The remote setting of the tests with kiln processes: these are about leases, fetches and
+// reports, not timeouts (SlowServerCostsAtMostTheTimeout is), and a 2-core machine running the suite two
+// tests at a time can take longer than the 10 ms default to answer, which then reads as a
+// failure and sends a node to compile on its own.
+std::string remote_env(const RedisServer& server) { return "KILN_CACHE_REMOTE_TIMEOUT_MS=2000 KILN_CACHE_REMOTE=" + server.url(); }
+
 // Process i uses node (i / 4) % nodes: a cache directory of its own under `base`.
 std::vector<std::string> race(const fs::path& base, int nodes, const std::vector<std::string>& sigs, const std::string& env) {
   return test::race_compiles(
@@ -371,7 +377,7 @@ std::vector<std::string> race(const fs::path& base, int nodes, const std::vector
 
 TEST_F(RemoteCacheTest, SixteenProcessesOnTwoNodesCompileEachKeyOnce) {
   RedisServer server(dir("redis"));
-  const std::string env = "KILN_CACHE_REMOTE=" + server.url();
+  const std::string env = remote_env(server);
   auto origins = race(dir_, 2, std::vector<std::string>(16, kPrefillSig), env);
   EXPECT_EQ(std::count(origins.begin(), origins.end(), "compiled"), 1) << ::testing::PrintToString(origins);
   EXPECT_EQ(std::count(origins.begin(), origins.end(), "compiled") + std::count(origins.begin(), origins.end(), "disk") +
@@ -397,7 +403,7 @@ TEST_F(RemoteCacheTest, SixteenProcessesOnTwoNodesCompileEachKeyOnce) {
 
 TEST_F(RemoteCacheTest, LeaseHolderKilledMidCompileAnotherNodeTakesOver) {
   RedisServer server(dir("redis"));
-  const std::string env = "KILN_CACHE_REMOTE=" + server.url() + " KILN_CACHE_REMOTE_LEASE_MS=1500";
+  const std::string env = remote_env(server) + " KILN_CACHE_REMOTE_LEASE_MS=1500";
   // Node A's compile hangs (the fake worker) while it holds the lease; kill -9 its process group.
   const std::string cmd = fmt::format(
       "{} KILN_CACHE_DIR={} KILN_COMPILE_WORKER={} setsid {} compile mha_prefill --target sm_90a --sig {} > /dev/null 2>&1 & echo $!", env,
@@ -424,7 +430,7 @@ TEST_F(RemoteCacheTest, LeaseHolderKilledMidCompileAnotherNodeTakesOver) {
 
 TEST_F(RemoteCacheTest, ANodeWithoutACompilerServesGptOss120bFromRedis) {
   RedisServer server(dir("redis"));
-  const std::string env = "KILN_CACHE_REMOTE=" + server.url();
+  const std::string env = remote_env(server);
   int rc = -1;
   std::string out = cli(fmt::format("--cache {} warmup --manifest gpt-oss-120b --target sm_90a -j2 --json", dir("nodeA")), &rc, env);
   ASSERT_EQ(rc, 0) << out << last_err_;
@@ -460,7 +466,7 @@ TEST_F(RemoteCacheTest, ANodeWithoutACompilerServesGptOss120bFromRedis) {
 
 TEST_F(RemoteCacheTest, PushUploadsALocalCacheAndPullNamesWhatIsMissing) {
   RedisServer server(dir("redis"));
-  const std::string env = "KILN_CACHE_REMOTE=" + server.url();
+  const std::string env = remote_env(server);
   int rc = -1;
   std::string out = cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("build"), kPrefillSig), &rc, "");
   ASSERT_EQ(rc, 0) << out << last_err_;
@@ -492,7 +498,7 @@ TEST_F(RemoteCacheTest, SignedFleetPublishesFromTheBuildBoxOnly) {
   std::string out = cli(fmt::format("cache keygen {}", dir("release")), &rc, "");
   ASSERT_EQ(rc, 0) << out << last_err_;
   const std::string key = file_bytes(dir("release.pub")).substr(0, 64);
-  const std::string remote = "KILN_CACHE_REMOTE=" + server.url();
+  const std::string remote = remote_env(server);
   // A node without the secret key publishes unsigned rows; a node that trusts the key refuses them.
   out = cli(fmt::format("--cache {} compile mha_prefill --target sm_90a --json --sig {}", dir("rogue"), kPrefillSig), &rc, remote);
   ASSERT_EQ(rc, 0) << out << last_err_;
@@ -513,9 +519,7 @@ TEST_F(RemoteCacheTest, SignedFleetPublishesFromTheBuildBoxOnly) {
 
 TEST_F(RemoteCacheTest, EnvAndStatsReportTheRemoteInTextAndJson) {
   RedisServer server(dir("redis"));
-  // A generous timeout: this is about the report, and a loaded 2-core machine can take longer than
-  // the 10 ms default to answer.
-  const std::string env = "KILN_CACHE_REMOTE_TIMEOUT_MS=2000 KILN_CACHE_REMOTE=" + server.url();
+  const std::string env = remote_env(server);
   int rc = -1;
   std::string out = cli(fmt::format("--cache {} env", dir("node")), &rc, env);
   ASSERT_EQ(rc, 0) << out << last_err_;
