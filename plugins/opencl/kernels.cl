@@ -112,19 +112,37 @@ inline float softmax_add_sink(SoftmaxRow* r, float sink) {
   ATTEND_KEYS(k_row, v_row)  \
   ATTEND_FINISH
 
+// Sequence b of a prefill or extend call: its query rows [q_begin, q_begin + len_q) and len_k keys,
+// contiguous from row k_begin of K and V, or in the pages of a paged cache.
+#define PREFILL_SEQUENCE                                                                          \
+  __global const int* page_table = PTR(const int, Prefill, page_table);                           \
+  const bool paged = page_table != 0;                                                             \
+  const int fixed_q_len = I32(Prefill, q_len);                                                    \
+  __global const int* cu_q = PTR(const int, Prefill, cu_seqlens_q);                               \
+  __global const int* cu_k = PTR(const int, Prefill, cu_seqlens_k);                               \
+  const int q_begin = fixed_q_len > 0 ? b * fixed_q_len : cu_q[b];                                \
+  const int len_q = fixed_q_len > 0 ? fixed_q_len : cu_q[b + 1] - q_begin;                        \
+  const int k_begin = paged ? 0 : cu_k[b];                                                        \
+  const int len_k = paged ? PTR(const int, Prefill, cache_seqlens)[b] : cu_k[b + 1] - k_begin;
+
+// Where key j of the sequence lies in K and V for head kv_head: PREFILL_K(j), PREFILL_V(j).
+#define PREFILL_KEY_ROWS                                                                                          \
+  __global const cache_elem* k_base = PTR(const cache_elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride); \
+  __global const cache_elem* v_base = PTR(const cache_elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride); \
+  const long k_rs = I64(Prefill, k_row_stride), v_rs = I64(Prefill, v_row_stride);                              \
+  const long k_ps = I64(Prefill, k_page_stride), v_ps = I64(Prefill, v_page_stride);                             \
+  const int shift = I32(Prefill, page_shift), page_mask = I32(Prefill, page_size) - 1;                          \
+  __global const int* pages = paged ? page_table + b * I64(Prefill, page_table_stride) : 0;
+#define PREFILL_ROW(base, rs, ps, j) \
+  (paged ? base + (long)pages[(j) >> shift] * ps + ((j)&page_mask) * rs : base + (long)(k_begin + (j)) * rs)
+#define PREFILL_K(j) PREFILL_ROW(k_base, k_rs, k_ps, j)
+#define PREFILL_V(j) PREFILL_ROW(v_base, v_rs, v_ps, j)
+
 // Prefill over contiguous K/V (cu_seqlens), and extend over a paged cache (page_table set).
 // Global size (rows, Hq, batch): one work-item per (query row, head, sequence).
 __kernel void kiln_prefill(__global const uchar* P, __local uchar* scratch) {
   const int row_in_seq = get_global_id(0), head = get_global_id(1), b = get_global_id(2);
-  __global const int* page_table = PTR(const int, Prefill, page_table);
-  const bool paged = page_table != 0;
-  const int fixed_q_len = I32(Prefill, q_len);
-  __global const int* cu_q = PTR(const int, Prefill, cu_seqlens_q);
-  __global const int* cu_k = PTR(const int, Prefill, cu_seqlens_k);
-  const int q_begin = fixed_q_len > 0 ? b * fixed_q_len : cu_q[b];
-  const int len_q = fixed_q_len > 0 ? fixed_q_len : cu_q[b + 1] - q_begin;
-  const int k_begin = paged ? 0 : cu_k[b];
-  const int len_k = paged ? PTR(const int, Prefill, cache_seqlens)[b] : cu_k[b + 1] - k_begin;
+  PREFILL_SEQUENCE
   if (row_in_seq >= len_q || head >= I32(Prefill, num_heads_q)) return;
   const int kv_head = head / (I32(Prefill, num_heads_q) / I32(Prefill, num_heads_kv));
   const float k_scale = paged ? F32(Prefill, k_scale) : 1.0f, v_scale = paged ? F32(Prefill, v_scale) : 1.0f;
@@ -140,16 +158,7 @@ __kernel void kiln_prefill(__global const uchar* P, __local uchar* scratch) {
   const long q_at = (long)(q_begin + row_in_seq);
   __global const elem* q = PTR(const elem, Prefill, q) + q_at * I64(Prefill, q_row_stride) + head * I64(Prefill, q_head_stride);
   __global elem* out = PTR(elem, Prefill, out) + q_at * I64(Prefill, out_row_stride) + head * I64(Prefill, out_head_stride);
-  __global const cache_elem* k_base = PTR(const cache_elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride);
-  __global const cache_elem* v_base = PTR(const cache_elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride);
-  const long k_rs = I64(Prefill, k_row_stride), v_rs = I64(Prefill, v_row_stride);
-  const long k_ps = I64(Prefill, k_page_stride), v_ps = I64(Prefill, v_page_stride);
-  const int shift = I32(Prefill, page_shift), page_mask = I32(Prefill, page_size) - 1;
-  __global const int* pages = paged ? page_table + b * I64(Prefill, page_table_stride) : 0;
-#define PREFILL_ROW(base, rs, ps, j) \
-  (paged ? base + (long)pages[(j) >> shift] * ps + ((j)&page_mask) * rs : base + (long)(k_begin + (j)) * rs)
-#define PREFILL_K(j) PREFILL_ROW(k_base, k_rs, k_ps, j)
-#define PREFILL_V(j) PREFILL_ROW(v_base, v_rs, v_ps, j)
+  PREFILL_KEY_ROWS
   ATTEND(PREFILL_K, PREFILL_V)
   __global float* lse = PTR(float, Prefill, lse);
   if (lse != 0) lse[q_at * I64(Prefill, lse_row_stride) + head] = lse_value;
@@ -165,15 +174,7 @@ __kernel void kiln_prefill_tiled(__global const uchar* P, __local uchar* scratch
   const int first_row = get_group_id(0) * TILE_KEYS;
   __local float* k_tile = (__local float*)scratch;
   __local float* v_tile = k_tile + TILE_KEYS * HEAD_DIM;
-  __global const int* page_table = PTR(const int, Prefill, page_table);
-  const bool paged = page_table != 0;
-  const int fixed_q_len = I32(Prefill, q_len);
-  __global const int* cu_q = PTR(const int, Prefill, cu_seqlens_q);
-  __global const int* cu_k = PTR(const int, Prefill, cu_seqlens_k);
-  const int q_begin = fixed_q_len > 0 ? b * fixed_q_len : cu_q[b];
-  const int len_q = fixed_q_len > 0 ? fixed_q_len : cu_q[b + 1] - q_begin;
-  const int k_begin = paged ? 0 : cu_k[b];
-  const int len_k = paged ? PTR(const int, Prefill, cache_seqlens)[b] : cu_k[b + 1] - k_begin;
+  PREFILL_SEQUENCE
   if (first_row >= len_q) return;  // the whole work-group: no barrier is left waiting
   const int kv_head = head / (I32(Prefill, num_heads_q) / I32(Prefill, num_heads_kv));
   const float k_scale = paged ? F32(Prefill, k_scale) : 1.0f, v_scale = paged ? F32(Prefill, v_scale) : 1.0f;
@@ -192,12 +193,7 @@ __kernel void kiln_prefill_tiled(__global const uchar* P, __local uchar* scratch
 
   const long q_at = (long)(q_begin + min(row_in_seq, len_q - 1));
   __global const elem* q = PTR(const elem, Prefill, q) + q_at * I64(Prefill, q_row_stride) + head * I64(Prefill, q_head_stride);
-  __global const cache_elem* k_base = PTR(const cache_elem, Prefill, k) + kv_head * I64(Prefill, k_head_stride);
-  __global const cache_elem* v_base = PTR(const cache_elem, Prefill, v) + kv_head * I64(Prefill, v_head_stride);
-  const long k_rs = I64(Prefill, k_row_stride), v_rs = I64(Prefill, v_row_stride);
-  const long k_ps = I64(Prefill, k_page_stride), v_ps = I64(Prefill, v_page_stride);
-  const int shift = I32(Prefill, page_shift), page_mask = I32(Prefill, page_size) - 1;
-  __global const int* pages = paged ? page_table + b * I64(Prefill, page_table_stride) : 0;
+  PREFILL_KEY_ROWS
 
   float q_values[HEAD_DIM], acc[HEAD_DIM];
   for (int d = 0; d < HEAD_DIM; ++d) {
@@ -236,6 +232,17 @@ __kernel void kiln_prefill_tiled(__global const uchar* P, __local uchar* scratch
 }
 #endif  // TILE_KEYS
 
+// Where key j of sequence b lies in the paged caches for head kv_head: DECODE_K(j), DECODE_V(j).
+#define DECODE_KEY_ROWS                                                                                                  \
+  __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);                \
+  const int page_size = I32(Decode, page_size);                                                                       \
+  __global const cache_elem* k_base = PTR(const cache_elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride); \
+  __global const cache_elem* v_base = PTR(const cache_elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride); \
+  const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);                                    \
+  const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
+#define DECODE_K(j) (k_base + (long)pages[(j) / page_size] * k_ps + ((j) % page_size) * k_rs)
+#define DECODE_V(j) (v_base + (long)pages[(j) / page_size] * v_ps + ((j) % page_size) * v_rs)
+
 // Decode over a paged cache: global size (Hq, batch * q_len), one work-item per (head, new token).
 __kernel void kiln_decode(__global const uchar* P, __local uchar* scratch) {
   const int head = get_global_id(0), q_row = get_global_id(1);
@@ -252,14 +259,7 @@ __kernel void kiln_decode(__global const uchar* P, __local uchar* scratch) {
   __global const float* sinks = PTR(const float, Decode, sinks);
   __global const elem* q = PTR(const elem, Decode, q) + q_row * I64(Decode, q_row_stride) + head * I64(Decode, q_head_stride);
   __global elem* out = PTR(elem, Decode, out) + q_row * I64(Decode, out_row_stride) + head * I64(Decode, out_head_stride);
-  __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);
-  const int page_size = I32(Decode, page_size);
-  __global const cache_elem* k_base = PTR(const cache_elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
-  __global const cache_elem* v_base = PTR(const cache_elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
-  const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);
-  const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
-#define DECODE_K(j) (k_base + (long)pages[(j) / page_size] * k_ps + ((j) % page_size) * k_rs)
-#define DECODE_V(j) (v_base + (long)pages[(j) / page_size] * v_ps + ((j) % page_size) * v_rs)
+  DECODE_KEY_ROWS
   ATTEND(DECODE_K, DECODE_V)
   __global float* lse = PTR(float, Decode, lse);
   if (lse != 0) lse[q_row * I64(Decode, lse_row_stride) + head] = lse_value;
@@ -284,12 +284,7 @@ __kernel void kiln_decode_split(__global const uchar* P, __local uchar* scratch)
   const float k_scale = F32(Decode, k_scale), v_scale = F32(Decode, v_scale);
   const float scale = F32(Decode, softmax_scale), softcap = F32(Decode, softcap);
   __global const elem* q = PTR(const elem, Decode, q) + q_row * I64(Decode, q_row_stride) + head * I64(Decode, q_head_stride);
-  __global const int* pages = PTR(const int, Decode, page_table) + b * I64(Decode, page_table_stride);
-  const int page_size = I32(Decode, page_size);
-  __global const cache_elem* k_base = PTR(const cache_elem, Decode, k_cache) + kv_head * I64(Decode, k_head_stride);
-  __global const cache_elem* v_base = PTR(const cache_elem, Decode, v_cache) + kv_head * I64(Decode, v_head_stride);
-  const long k_ps = I64(Decode, k_page_stride), k_rs = I64(Decode, k_row_stride);
-  const long v_ps = I64(Decode, v_page_stride), v_rs = I64(Decode, v_row_stride);
+  DECODE_KEY_ROWS
   __global float* state = PTR(float, Decode, workspace) + ((long)q_row * heads + head) * SPLITS * (HEAD_DIM + 2);
   __global float* mine = state + split * (HEAD_DIM + 2);
   ATTEND_KEYS(DECODE_K, DECODE_V)
