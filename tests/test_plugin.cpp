@@ -25,13 +25,13 @@ TEST(Plugin, LoadsAndWinsWhereItApplies) {
   const Platform h = platform_for_target("sm_90a");
   // By default a built-in kernel that runs the call wins, whatever the plugin declares ...
   Registry::global().set_plugins_outrank_builtins(false);
-  EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "attention.prefill.wgmma");
+  EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "attention.prefill.wgmma_ws");
   const std::string why = Registry::global().explain(prefill_sig(64, true), h).to_text();
   EXPECT_NE(why.find("built-in kernels outrank plugins unless KILN_PLUGINS_OUTRANK=1"), std::string::npos) << why;
   // ... and once the operator opts in, the plugin takes what it accepts.
   Registry::global().set_plugins_outrank_builtins(true);
   EXPECT_EQ(Registry::global().select(prefill_sig(64, true), h)->name, "testplugin.attention.prefill.causal64");
-  EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.wgmma");
+  EXPECT_EQ(Registry::global().select(prefill_sig(128, true), h)->name, "attention.prefill.wgmma_ws");
   const Explanation ex = Registry::global().explain(prefill_sig(64, false), h);
   EXPECT_NE(ex.to_text().find("signature: testplugin handles causal attention only"), std::string::npos) << ex.to_text();
   Registry::global().set_plugins_outrank_builtins(false);

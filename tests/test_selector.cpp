@@ -514,11 +514,12 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_LE(mxfp4_rings + 27 * 1024, uint32_t{99 * 1024});
 }
 
-// wgmma exists on sm_90a only: Hopper prefill runs the wgmma kernel, every other NVIDIA arch the
-// portable mma.sync one, and head_dim 256 the reference.
+// wgmma exists on sm_90a only: Hopper prefill runs the warp-specialized wgmma kernel (ranked above
+// the single-role one), every other NVIDIA arch the portable mma.sync one, and head_dim 256 the
+// reference.
 TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
   const Signature d128 = test::prefill_signature("bf16", 128, 8, true);
-  EXPECT_EQ(Registry::global().select(d128, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma");
+  EXPECT_EQ(Registry::global().select(d128, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma_ws");
   for (const char* arch : {"sm_80", "sm_90", "sm_100a", "sm_120a"}) {
     const Platform p = platform_for_target(arch);
     EXPECT_EQ(Registry::global().select(d128, p)->name, "attention.prefill.mma") << arch;
@@ -539,7 +540,7 @@ TEST(Selector, PrefillWindowsPickTheHeadPackingKernels) {
     EXPECT_EQ(Registry::global().select(windowed, platform_for_target(arch))->name, "attention.prefill.mma_window") << arch;
   }
   EXPECT_EQ(Registry::global().select(test::prefill_signature("bf16", 64, 8, true), platform_for_target("sm_90a"))->name,
-            "attention.prefill.wgmma");
+            "attention.prefill.wgmma_ws");
 }
 
 }  // namespace

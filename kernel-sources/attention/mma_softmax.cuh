@@ -75,11 +75,13 @@ __device__ __forceinline__ float pending_logit_scale(const KilnPrefillParams& p)
 // the O accumulators. Maxima and sums run as two chains per row for shorter latency. `first`: the
 // row's first tile, O still zero and not rescaled (a short band has few tiles, and the rescale is
 // 32 multiplies at head_dim 64).
-template <bool kScaled = false, int kKeyTiles, int kDTiles>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float (&o)[kDTiles][4],
-                                                    float scale = 1.0f, bool first = false) {
+// online_softmax_probabilities is the step without the rescale: it leaves in `factor` what O's
+// rows must be multiplied by (rescale_rows), for a kernel whose O is still in flight in an MMA.
+template <bool kScaled = false, int kKeyTiles>
+__device__ __forceinline__ void online_softmax_probabilities(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float scale,
+                                                             float (&factor)[2]) {
   auto probability = [&](float x, float m) { return exp2_ftz(kScaled ? fmaf(x, scale, -m) : x - m); };
-  float factor[2], m_use[2];
+  float m_use[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float a = neg_inf(), b = neg_inf();
@@ -108,7 +110,9 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
     }
     l_row[half] = l_row[half] * factor[half] + (a + b);
   }
-  if (first) return;
+}
+template <int kDTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDTiles][4], const float (&factor)[2]) {
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) {
     o[n][0] *= factor[0];
@@ -116,6 +120,13 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], fl
     o[n][2] *= factor[1];
     o[n][3] *= factor[1];
   }
+}
+template <bool kScaled = false, int kKeyTiles, int kDTiles>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float (&o)[kDTiles][4],
+                                                    float scale = 1.0f, bool first = false) {
+  float factor[2];
+  online_softmax_probabilities<kScaled>(s, m_row, l_row, scale, factor);
+  if (!first) rescale_rows(o, factor);
 }
 
 // P's A fragments for P V (16 keys each) from probabilities in S's accumulator layout.

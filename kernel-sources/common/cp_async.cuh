@@ -52,4 +52,10 @@ __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// Arrives on the shared-memory mbarrier at `barrier` (a shared-window address) once this thread's
+// copies so far have landed, counting as one of the arrivals the barrier was initialized with.
+__device__ __forceinline__ void copies_arrive_on(unsigned barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(barrier) : "memory");
+}
+
 }  // namespace kiln

@@ -25,6 +25,12 @@ KILN_REGISTER_KERNEL(attention_extend_wgmma) {
   return detail::prefill_kernel(k);
 }
 
+KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
+  detail::PrefillKernel k = detail::wgmma_ws_kernel("attention.extend.wgmma_ws");
+  k.input = PrefillInput::kPagedExtend;
+  return detail::prefill_kernel(k);
+}
+
 KILN_REGISTER_KERNEL(attention_extend_mma) {
   detail::PrefillKernel k = detail::mma_sync_kernel("attention.extend.mma", Priority::kPortable);
   k.input = PrefillInput::kPagedExtend;

@@ -6,4 +6,8 @@ namespace kiln {
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma) { return detail::prefill_kernel(detail::wgmma_kernel("attention.prefill.wgmma")); }
 
+// attention.prefill.wgmma_ws (kernel-sources/attention/prefill_wgmma_ws.cuh): warp-specialized,
+// a TMA producer warpgroup feeding consumer warpgroups that overlap softmax with MMAs.
+KILN_REGISTER_KERNEL(attention_prefill_wgmma_ws) { return detail::prefill_kernel(detail::wgmma_ws_kernel("attention.prefill.wgmma_ws")); }
+
 }  // namespace kiln

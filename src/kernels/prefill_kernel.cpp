@@ -82,7 +82,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.mode = mode_of(k.input);
   spec.priority = k.priority;
   // Windows-only kernels are narrower than general ones, and a Hopper-only one narrower still.
-  spec.specificity = k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
+  spec.specificity = k.specificity > 0 ? k.specificity : k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = k.min_arch;
   spec.requirements.features = k.features;
@@ -122,10 +122,16 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.grid[0] = static_cast<uint32_t>((p.max_rows + positions - 1) / positions);
     shape.grid[1] = static_cast<uint32_t>(p.heads_q / heads);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
-    shape.block[0] = static_cast<uint32_t>(2 * rows);
-    // The Q rows plus the stages of K and V tiles, 16-bit elements.
-    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * k.stages * k.key_rows) * p.head_dim * 2) + k.alignment;
-    if (k.tma) shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * k.stages);  // the stages' mbarriers
+    shape.block[0] = static_cast<uint32_t>(2 * rows + (k.producer_warpgroup ? 128 : 0));
+    // The Q rows plus the stages of K and V tiles, 16-bit elements, and the mbarriers: with a
+    // producer Q's, a partial V block's and four per stage, else one per stage.
+    const int stages = p.head_dim == 64 && k.stages_d64 > 0 ? k.stages_d64 : k.stages;
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * k.key_rows) * p.head_dim * 2) + k.alignment;
+    if (k.producer_warpgroup) {
+      shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * (2 + 4 * stages));
+    } else if (k.tma) {
+      shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * stages);
+    }
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
       throw Error(ErrorCode::kUnsupported,
                   fmt::format("{} needs {} bytes of shared memory at head_dim {}; {} allows {}", k.name, shape.dynamic_shared_bytes,
@@ -135,7 +141,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   if (k.tma) {
     spec.tensor_maps = [k](const void* params, const Platform&) {
-      return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), 16, k.key_rows);
+      return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), k.q_box_rows, k.key_rows);
     };
   }
   return spec;
@@ -165,6 +171,25 @@ PrefillKernel wgmma_kernel(const char* name) {
           .key_rows = 128,
           .stages = 3,
           .alignment = 1024};
+}
+
+PrefillKernel wgmma_ws_kernel(const char* name) {
+  return {.name = name,
+          .source = "attention/prefill_wgmma_ws.cuh",
+          .entry = "prefill_wgmma_ws",
+          .priority = Priority::kPerformant,
+          .min_arch = 90,
+          .features = {"mma:wgmma", "memory:tma"},
+          .block_rows_d64 = 192,
+          .block_rows_d128 = 128,
+          .key_rows = 128,
+          .stages = 2,
+          .alignment = 1024,
+          .tma = true,
+          .q_box_rows = 64,
+          .producer_warpgroup = true,
+          .stages_d64 = 4,
+          .specificity = 3};
 }
 
 }  // namespace kiln::detail

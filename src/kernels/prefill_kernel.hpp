@@ -32,10 +32,14 @@ struct PrefillKernel {
   std::vector<std::string> features;
   int block_rows_d64 = 0;  // wgmma: query rows per CTA at head_dim 64, and at 128; two threads per row
   int block_rows_d128 = 0;
-  int key_rows;            // rows of each K and V tile
-  int stages;              // K and V tile pairs in shared memory
-  uint32_t alignment = 0;  // slack added to shared memory to align the tiles
-  bool tma = false;        // Q, K and V copied by TMA (tensor maps in the parameter block), one mbarrier per stage
+  int key_rows;                     // rows of each K and V tile
+  int stages;                       // K and V tile pairs in shared memory
+  uint32_t alignment = 0;           // slack added to shared memory to align the tiles
+  bool tma = false;                 // Q, K and V copied by TMA (tensor maps in the parameter block), one mbarrier per stage
+  int q_box_rows = 16;              // with tma: rows of one Q copy
+  bool producer_warpgroup = false;  // a fifth (or fourth) warpgroup copies; K and V rings of full and empty mbarriers
+  int stages_d64 = 0;               // stages at head_dim 64 where they differ (0: `stages`)
+  int specificity = 0;              // rank among kernels of its priority (0: the rule in prefill_kernel)
   PrefillInput input = PrefillInput::kContiguous;
 };
 
@@ -45,5 +49,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k);
 PrefillKernel mma_sync_kernel(const char* name, Priority priority);
 // The general Hopper kernel of attention/prefill_wgmma.cuh.
 PrefillKernel wgmma_kernel(const char* name);
+// The warp-specialized Hopper kernel of attention/prefill_wgmma_ws.cuh.
+PrefillKernel wgmma_ws_kernel(const char* name);
 
 }  // namespace kiln::detail

@@ -1,0 +1,318 @@
+// Prefill and extend attention on Hopper (sm_90a) with warp specialization, FlashAttention-3's
+// structure. Warpgroup 0 is the producer: it gives most of its registers to the others and fills
+// two rings of shared-memory stages, K and V, each stage guarded by a full and an empty mbarrier.
+// Contiguous K and V (prefill) come by TMA, issued by one thread; paged K and V (extend) by
+// cp.async from all 128 producer threads, each row finding its page, the copies arriving on the
+// full barrier as they land. Q always comes by TMA.
+//
+// Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's 128-key blocks. Per block j
+// a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs block j's softmax
+// while P V is still on the tensor cores, and rescales O once it lands: the exp2 work of one block
+// hides under the MMAs of the previous one. The consumers take turns to issue (named barriers, in
+// a cycle), so one's softmax overlaps the others' MMAs. A stage is released by each consumer warp
+// as soon as its MMA has read it, K before V. Key blocks wholly outside the causal or window band
+// are skipped, only edge blocks are masked; query blocks are visited last-first so the longest
+// start first.
+//
+// Keys past the sequence inside its last block arrive by TMA from the next sequence (or as zeros
+// past the tensor). Their scores are masked, but P V would multiply their V rows by P's zeros, and
+// 0 x inf is NaN: that block's V lands on a barrier of its own, the producer warp zeroes the rows,
+// then completes the stage's full barrier itself.
+//
+// Launch: grid (ceil(max_seqlen_q / kBlockQ), Hq, batch), block 128 (kConsumers + 1) threads;
+// dynamic shared memory (kBlockQ + 2 kStages x 128) x head_dim x 2 + 1024 + 8 (2 + 4 kStages)
+// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (128 rows).
+#pragma once
+
+#include "attention/mma_softmax.cuh"
+#include "attention/params.h"
+#include "attention/prefill_block.cuh"
+#include "common/cp_async.cuh"
+#include "common/prelude.cuh"
+#include "common/tma_sm90.cuh"
+#include "common/warp_specialization_sm90.cuh"
+#include "common/wgmma_sm90.cuh"
+
+namespace kiln {
+
+// The kernel's shape per head dimension; the host's launch rule (src/kernels/prefill_kernel.cpp)
+// mirrors it. At head_dim 64 three consumers give more rows per K and V tile where the MMAs are
+// short; at 128, two fit their 64 x 128 accumulators with room for S and P.
+template <int kHeadDim>
+struct PrefillWsShape {
+  enum : int {
+    kConsumers = kHeadDim == 64 ? 3 : 2,
+    kThreads = 128 * (kConsumers + 1),
+    kBlockQ = 64 * kConsumers,
+    kBlockK = 128,
+    kStages = kHeadDim == 64 ? 4 : 2,  // 3 at head_dim 128 measured the same (bench/RESULTS.md)
+    // The entry count is 65536 / kThreads (168 and 128): 32 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
+    kProducerRegisters = 32,
+    kConsumerRegisters = kHeadDim == 64 ? 160 : 232,
+  };
+};
+
+template <typename T, int kHeadDim, bool kSoftcap, bool kPaged = false>
+__global__ void __launch_bounds__(PrefillWsShape<kHeadDim>::kThreads, 1) prefill_wgmma_ws(const __grid_constant__ KilnPrefillParams p) {
+  using Shape = PrefillWsShape<kHeadDim>;
+  enum : int {
+    kConsumers = Shape::kConsumers,
+    kBlockQ = Shape::kBlockQ,
+    kBlockK = Shape::kBlockK,
+    kStages = Shape::kStages,
+    kAtoms = kHeadDim / 64,  // 64-column swizzle-atom columns per row
+    kQAtomBytes = kBlockQ * 128,
+    kKAtomBytes = kBlockK * 128,
+    kTileBytes = kKAtomBytes * kAtoms,
+    kKeyTiles = kBlockK / 8,
+    kDTiles = kHeadDim / 8,
+    kChunks = kHeadDim / 8,  // 16-byte chunks per row
+    kProducerThreads = 128,  // paged: all of warpgroup 0 copies
+    kTurnBarrier = 1,        // named barriers kTurnBarrier + consumer: that consumer's turn to issue
+  };
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* const q_tile = align_shared<1024>(shared_raw);
+  unsigned char* const k_tiles = q_tile + kQAtomBytes * kAtoms;   // [kStages]
+  unsigned char* const v_tiles = k_tiles + kStages * kTileBytes;  // [kStages]
+  // mbarriers: Q's, the partial V block's, then per stage K full, K empty, V full, V empty.
+  const unsigned barriers = shared_address(v_tiles + kStages * kTileBytes);
+  const unsigned q_full = barriers, tail_full = barriers + 8;
+  auto k_full = [&](int stage) { return barriers + 16 + 32 * stage; };
+  auto k_empty = [&](int stage) { return barriers + 24 + 32 * stage; };
+  auto v_full = [&](int stage) { return barriers + 32 + 32 * stage; };
+  auto v_empty = [&](int stage) { return barriers + 40 + 32 * stage; };
+
+  // Through a shuffle so ptxas knows the warpgroup index is warp-uniform (see prefill_wgmma.cuh).
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+  const PrefillQueryBlock blk = prefill_query_block(p, kBlockQ);
+  if (blk.q0 >= blk.len_q) return;
+  const int block_start = blk.key_start / kBlockK;
+  const int block_end = blk.key_end > blk.key_start ? (blk.key_end + kBlockK - 1) / kBlockK : block_start;
+  const int num_blocks = block_end - block_start;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    mbarrier_init(tail_full, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(k_full(stage), kPaged ? kProducerThreads : 1);
+      mbarrier_init(v_full(stage), kPaged ? kProducerThreads : 1);
+      mbarrier_init(k_empty(stage), 4 * kConsumers);  // one arrival per consumer warp
+      mbarrier_init(v_empty(stage), 4 * kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // The producer.
+    warpgroup_registers_release<Shape::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(q_full, kQAtomBytes * kAtoms);
+#pragma unroll
+      for (int consumer = 0; consumer < kConsumers; ++consumer) {
+#pragma unroll
+        for (int atom = 0; atom < kAtoms; ++atom) {
+          tma_load_3d(shared_address(q_tile) + atom * kQAtomBytes + consumer * 64 * 128, &p.tensor_maps[kPrefillMapQ], q_full, atom * 64,
+                      blk.head, blk.q_begin + blk.q0 + 64 * consumer);
+        }
+      }
+    }
+    if constexpr (kPaged) {
+      // Each thread copies chunk `chunk` of rows row0 + j kRowStep; kRowStep is a multiple of 8, so
+      // the swizzled offset moves by whole rows. Rows past the sequence are zero-filled.
+      enum : int { kRowStep = kProducerThreads / kChunks, kCopies = kBlockK / kRowStep };
+      const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+      const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
+      const T* k_thread = static_cast<const T*>(p.k) + blk.kv_head * p.k_head_stride + chunk * 8;
+      const T* v_thread = static_cast<const T*>(p.v) + blk.kv_head * p.v_head_stride + chunk * 8;
+      for (int i = 0; i < num_blocks; ++i) {
+        const int stage = i % kStages;
+        const unsigned phase = (i / kStages) & 1;
+        const int first = (block_start + i) * kBlockK + row0;
+        auto copy_tile = [&](const T* base, long long row_stride, long long page_stride, unsigned tile) {
+#pragma unroll 4
+          for (int j = 0; j < kCopies; ++j) {
+            const int key = first + j * kRowStep;
+            const bool valid = key < blk.len_k;
+            const long long at = valid ? key_row_offset<true>(p, blk.batch, key, row_stride, page_stride) : 0;
+            copy16_async_or_zero(tile + copy_offset + j * kRowStep * 128, base + at, valid);
+          }
+        };
+        mbarrier_wait(k_empty(stage), phase ^ 1);
+        copy_tile(k_thread, p.k_row_stride, p.k_page_stride, shared_address(k_tiles + stage * kTileBytes));
+        copies_arrive_on(k_full(stage));
+        mbarrier_wait(v_empty(stage), phase ^ 1);
+        copy_tile(v_thread, p.v_row_stride, p.v_page_stride, shared_address(v_tiles + stage * kTileBytes));
+        copies_arrive_on(v_full(stage));
+      }
+      wait_copies<0>();
+    } else {
+      if (threadIdx.x >= 32) return;
+      const int lane = threadIdx.x;
+      for (int i = 0; i < num_blocks; ++i) {
+        const int stage = i % kStages;
+        const unsigned phase = (i / kStages) & 1;
+        const int key0 = (block_start + i) * kBlockK;
+        const unsigned k_tile = shared_address(k_tiles + stage * kTileBytes), v_tile = shared_address(v_tiles + stage * kTileBytes);
+        if (lane == 0) {
+          mbarrier_wait(k_empty(stage), phase ^ 1);
+          mbarrier_arrive_expect_tx(k_full(stage), kTileBytes);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom)
+            tma_load_3d(k_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapK], k_full(stage), atom * 64, blk.kv_head,
+                        blk.k_begin + key0);
+          mbarrier_wait(v_empty(stage), phase ^ 1);
+        }
+        const int valid_rows = blk.len_k - key0;  // warp-uniform
+        const unsigned v_barrier = valid_rows >= kBlockK ? v_full(stage) : tail_full;
+        if (lane == 0) {
+          mbarrier_arrive_expect_tx(v_barrier, kTileBytes);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom)
+            tma_load_3d(v_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapV], v_barrier, atom * 64, blk.kv_head, blk.k_begin + key0);
+        }
+        if (valid_rows < kBlockK) {  // the sequence's last block, once per CTA: phase 0 of tail_full
+          mbarrier_wait(tail_full, 0);
+          for (int r = 8 * (valid_rows / 8) + lane / 16; r < kBlockK; r += 2) {
+            if (r < valid_rows) continue;
+#pragma unroll
+            for (int atom = 0; atom < kAtoms; ++atom) {
+              const unsigned at = v_tile + atom * kKAtomBytes + r * 128 + (lane % 16) * 8;
+              asm volatile("st.shared.v2.u32 [%0], {%1, %1};" ::"r"(at), "r"(0) : "memory");
+            }
+          }
+          fence_async_shared();  // the zeros, written through the generic proxy, before wgmma reads them
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(v_full(stage));
+        }
+      }
+    }
+    return;
+  }
+
+  // A consumer.
+  warpgroup_registers_claim<Shape::kConsumerRegisters>();
+  const int consumer = warpgroup - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int warp_row0 = blk.q0 + consumer * 64 + warp * 16;  // this warp's first row
+  const int row_lo = warp_row0 + g;                          // this thread's rows: row_lo, row_lo + 8
+  const unsigned q_address = shared_address(q_tile) + consumer * 64 * 128;
+  // Turns: a consumer waits for its own barrier before issuing MMAs, and passes the turn on after.
+  auto take_turn = [&] {
+    if (kConsumers > 1) named_barrier_sync(kTurnBarrier + consumer, 256);
+  };
+  auto pass_turn = [&] {
+    if (kConsumers > 1) named_barrier_arrive(kTurnBarrier + (consumer + 1) % kConsumers, 256);
+  };
+  auto release = [&](unsigned barrier) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(barrier);
+  };
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float s[kKeyTiles][4];
+  wgmma_define_operands(s);
+  unsigned pa[kBlockK / 16][4];
+  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
+  float factor[2];
+
+  auto issue_qk = [&](int i) {
+    wgmma_ss_k_major<T, kBlockK, kHeadDim>(s, q_address, kQAtomBytes, shared_address(k_tiles + (i % kStages) * kTileBytes), kKAtomBytes);
+    wgmma_commit();
+  };
+  // V is N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
+  auto issue_pv = [&](int i) {
+    const unsigned v_address = shared_address(v_tiles + (i % kStages) * kTileBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor(v_address + kk * 16 * 128, kKAtomBytes, 1024));
+    wgmma_commit();
+  };
+  // Cap and mask (masks only where the warp's rows cross a band edge or the end), then the
+  // softmax; O's rescale is left to the caller.
+  auto softmax = [&](int i) {
+    const int key0 = (block_start + i) * kBlockK;
+    const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_row0 + blk.shift) ||
+                      (p.window_left >= 0 && key0 < warp_row0 + 15 + blk.shift - p.window_left);
+    cap_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
+    online_softmax_probabilities<true>(s, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+  };
+
+  if (consumer == kConsumers - 1) pass_turn();  // consumer 0 goes first
+  mbarrier_wait(q_full, 0);
+  if (num_blocks > 0) {
+    mbarrier_wait(k_full(0), 0);
+    take_turn();
+    wgmma_fence();
+    issue_qk(0);
+    pass_turn();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+    release(k_empty(0));
+    softmax(0);  // O is still zero: no rescale
+    pack_p_fragments<T>(s, pa);
+    for (int i = 1; i < num_blocks; ++i) {
+      const unsigned phase = (i / kStages) & 1, previous_phase = ((i - 1) / kStages) & 1;
+      mbarrier_wait(k_full(i % kStages), phase);
+      mbarrier_wait(v_full((i - 1) % kStages), previous_phase);
+      take_turn();
+      wgmma_fence();
+      issue_qk(i);
+      issue_pv(i - 1);
+      pass_turn();
+      wgmma_wait<1>();  // S_i landed; P V of the block before still runs
+      wgmma_fence_operands(s);
+      release(k_empty(i % kStages));
+      softmax(i);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      release(v_empty((i - 1) % kStages));
+      rescale_rows(o, factor);
+      pack_p_fragments<T>(s, pa);
+    }
+    const int last = num_blocks - 1;
+    mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
+    take_turn();
+    wgmma_fence();
+    issue_pv(last);
+    pass_turn();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    release(v_empty(last % kStages));
+  }
+  if (consumer == 0) take_turn();  // the last consumer's final pass: every arrival is matched
+
+  // Out through the warp's own 16 Q rows in shared memory (its last Q K^T has read them), so each
+  // store writes whole rows: straight from the accumulators a warp instruction writes 4-byte
+  // pieces of 16 rows.
+  unsigned char* const out_tile = q_tile + (consumer * 64 + warp * 16) * 128;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    float m_nat, l, scale_o;
+    finish_prefill_row(p, m_row, l_row, half, blk.head, m_nat, l, scale_o);
+    const float inv = row_inverse(l, scale_o);
+    if (p.lse != nullptr && c == 0 && row_lo + 8 * half < blk.len_q) {
+      p.lse[(blk.q_begin + row_lo + 8 * half) * p.lse_row_stride + blk.head] = row_lse(m_nat, l);
+    }
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      *reinterpret_cast<unsigned*>(out_tile + swizzle128_tile_offset(r, n, kQAtomBytes) + 4 * c) =
+          pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+    }
+  }
+  __syncwarp();
+  T* const out_rows = static_cast<T*>(p.out) + (blk.q_begin + warp_row0) * p.out_row_stride + blk.head * p.out_head_stride;
+#pragma unroll
+  for (int j = 0; j < 16 * kChunks / 32; ++j) {
+    const int i = lane + 32 * j, r = i / kChunks, chunk = i % kChunks;
+    if (warp_row0 + r < blk.len_q) {
+      *reinterpret_cast<uint4*>(out_rows + r * p.out_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(out_tile + swizzle128_tile_offset(r, chunk, kQAtomBytes));
+    }
+  }
+}
+
+}  // namespace kiln
