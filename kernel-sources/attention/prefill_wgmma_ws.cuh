@@ -1,9 +1,10 @@
 // Prefill and extend attention on Hopper (sm_90a) with warp specialization, FlashAttention-3's
 // structure. Warpgroup 0 is the producer: it gives most of its registers to the others and fills
 // two rings of shared-memory stages, K and V, each stage guarded by a full and an empty mbarrier.
-// Contiguous K and V (prefill) come by TMA, issued by one thread; paged K and V (extend) by
-// cp.async from all 128 producer threads, each row finding its page, the copies arriving on the
-// full barrier as they land. Q always comes by TMA.
+// Q, contiguous K and V (prefill), and paged K and V (extend) whose pages are whole TMA boxes come
+// by TMA from the first producer warp, one box per page; other paged caches (pages under 8 rows,
+// or not packed) by cp.async from all 128 producer threads, each row finding its page through
+// shuffles of the block's page-table entries, the copies arriving on the full barrier as they land.
 //
 // Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's 128-key blocks. Per block j
 // a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs block j's softmax
@@ -21,7 +22,8 @@
 //
 // Launch: grid (ceil(max_seqlen_q / kBlockQ), Hq, batch), block 128 (kConsumers + 1) threads;
 // dynamic shared memory (kBlockQ + 2 kStages x 128) x head_dim x 2 + 1024 + 8 (2 + 4 kStages)
-// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (128 rows).
+// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (128 rows, or for
+// paged caches min(page_size, 128)).
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -38,23 +40,61 @@ namespace kiln {
 // The kernel's shape per head dimension; the host's launch rule (src/kernels/prefill_kernel.cpp)
 // mirrors it. At head_dim 64 three consumers give more rows per K and V tile where the MMAs are
 // short; at 128, two fit their 64 x 128 accumulators with room for S and P.
-template <int kHeadDim>
+template <int kHeadDim, bool kPaged>
 struct PrefillWsShape {
   enum : int {
     kConsumers = kHeadDim == 64 ? 3 : 2,
     kThreads = 128 * (kConsumers + 1),
     kBlockQ = 64 * kConsumers,
     kBlockK = 128,
-    kStages = kHeadDim == 64 ? 4 : 2,  // 3 at head_dim 128 measured the same (bench/RESULTS.md)
-    // The entry count is 65536 / kThreads (168 and 128): 32 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
-    kProducerRegisters = 32,
+    // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys,
+    // copied by cp.async with more latency, take 3.
+    kStages = kHeadDim == 64 ? 4
+              : kPaged       ? 3
+                             : 2,
+    // The entry count is 65536 / kThreads (168 and 128): 40 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
+    kProducerRegisters = kHeadDim == 64 ? 32 : 40,
     kConsumerRegisters = kHeadDim == 64 ? 160 : 232,
   };
 };
 
+// The page-table entries of one key block, spread over a warp: lane l holds entry
+// first_page + l + 32 e in page[e] (a block of one-row pages needs kBlockK of them), so a row's
+// page costs shuffles instead of a dependent global load. Entries past the sequence's last page
+// read as page 0 (their rows are zero-filled, not read).
+template <int kBlockK>
+struct WarpBlockPages {
+  enum : int { kEntries = kBlockK / 32 };
+  int page[kEntries];
+  int first_page;
+  __device__ __forceinline__ void load(const KilnPrefillParams& p, const PrefillQueryBlock& blk, int block, int lane) {
+    first_page = (block * kBlockK) >> p.page_shift;
+    const int last_page = (blk.len_k - 1) >> p.page_shift, entries = ((kBlockK - 1) >> p.page_shift) + 1;
+    const int* table = p.page_table + blk.batch * p.page_table_stride + first_page;
+#pragma unroll
+    for (int e = 0; e < kEntries; ++e) {
+      const int at = lane + 32 * e;
+      page[e] = at < entries && first_page + at <= last_page ? table[at] : 0;
+    }
+  }
+  // Every lane of the warp calls it (shuffles), each with its own key of the block.
+  __device__ __forceinline__ int of(const KilnPrefillParams& p, int key) const {
+    const int local = (key >> p.page_shift) - first_page;
+    if (p.page_shift >= 2) return __shfl_sync(0xffffffffu, page[0], local);  // at most 32 pages a block
+    int result = 0;
+#pragma unroll
+    for (int e = 0; e < kEntries; ++e) {
+      const int value = __shfl_sync(0xffffffffu, page[e], local & 31);
+      if ((local >> 5) == e) result = value;
+    }
+    return result;
+  }
+};
+
 template <typename T, int kHeadDim, bool kSoftcap, bool kPaged = false>
-__global__ void __launch_bounds__(PrefillWsShape<kHeadDim>::kThreads, 1) prefill_wgmma_ws(const __grid_constant__ KilnPrefillParams p) {
-  using Shape = PrefillWsShape<kHeadDim>;
+__global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
+    prefill_wgmma_ws(const __grid_constant__ KilnPrefillParams p) {
+  using Shape = PrefillWsShape<kHeadDim, kPaged>;
   enum : int {
     kConsumers = Shape::kConsumers,
     kBlockQ = Shape::kBlockQ,
@@ -89,13 +129,14 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim>::kThreads, 1) prefill
   const int block_start = blk.key_start / kBlockK;
   const int block_end = blk.key_end > blk.key_start ? (blk.key_end + kBlockK - 1) / kBlockK : block_start;
   const int num_blocks = block_end - block_start;
+  const bool page_boxes = kPaged && p.total_k > 0;  // paged keys TMA copies a page at a time (params.h)
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     mbarrier_init(tail_full, 1);
     for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(k_full(stage), kPaged ? kProducerThreads : 1);
-      mbarrier_init(v_full(stage), kPaged ? kProducerThreads : 1);
+      mbarrier_init(k_full(stage), kPaged && !page_boxes ? kProducerThreads : 1);
+      mbarrier_init(v_full(stage), kPaged && !page_boxes ? kProducerThreads : 1);
       mbarrier_init(k_empty(stage), 4 * kConsumers);  // one arrival per consumer warp
       mbarrier_init(v_empty(stage), 4 * kConsumers);
     }
@@ -117,60 +158,78 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim>::kThreads, 1) prefill
         }
       }
     }
-    if constexpr (kPaged) {
-      // Each thread copies chunk `chunk` of rows row0 + j kRowStep; kRowStep is a multiple of 8, so
-      // the swizzled offset moves by whole rows. Rows past the sequence are zero-filled.
+    if (kPaged && !page_boxes) {
+      // Pages TMA cannot copy: each thread copies chunk `chunk` of rows row0 + j kRowStep (a
+      // multiple of 8, so the swizzled offset moves by whole rows), K and V of a row together.
+      // Rows past the sequence are zero-filled. The next block's page-table entries load while
+      // this block copies.
       enum : int { kRowStep = kProducerThreads / kChunks, kCopies = kBlockK / kRowStep };
-      const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+      const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks, lane = threadIdx.x & 31;
       const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
       const T* k_thread = static_cast<const T*>(p.k) + blk.kv_head * p.k_head_stride + chunk * 8;
       const T* v_thread = static_cast<const T*>(p.v) + blk.kv_head * p.v_head_stride + chunk * 8;
+      WarpBlockPages<kBlockK> pages, next_pages;
+      pages.load(p, blk, block_start, lane);
       for (int i = 0; i < num_blocks; ++i) {
         const int stage = i % kStages;
         const unsigned phase = (i / kStages) & 1;
         const int first = (block_start + i) * kBlockK + row0;
-        auto copy_tile = [&](const T* base, long long row_stride, long long page_stride, unsigned tile) {
-#pragma unroll 4
-          for (int j = 0; j < kCopies; ++j) {
-            const int key = first + j * kRowStep;
-            const bool valid = key < blk.len_k;
-            const long long at = valid ? key_row_offset<true>(p, blk.batch, key, row_stride, page_stride) : 0;
-            copy16_async_or_zero(tile + copy_offset + j * kRowStep * 128, base + at, valid);
-          }
-        };
+        if (i + 1 < num_blocks) next_pages.load(p, blk, block_start + i + 1, lane);
         mbarrier_wait(k_empty(stage), phase ^ 1);
-        copy_tile(k_thread, p.k_row_stride, p.k_page_stride, shared_address(k_tiles + stage * kTileBytes));
-        copies_arrive_on(k_full(stage));
         mbarrier_wait(v_empty(stage), phase ^ 1);
-        copy_tile(v_thread, p.v_row_stride, p.v_page_stride, shared_address(v_tiles + stage * kTileBytes));
+        const unsigned k_tile = shared_address(k_tiles + stage * kTileBytes) + copy_offset;
+        const unsigned v_tile = shared_address(v_tiles + stage * kTileBytes) + copy_offset;
+#pragma unroll 4
+        for (int j = 0; j < kCopies; ++j) {
+          const int key = first + j * kRowStep;
+          const long long page = pages.of(p, key), row = key & (p.page_size - 1);
+          const bool valid = key < blk.len_k;
+          copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + page * p.k_page_stride + row * p.k_row_stride, valid);
+          copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + page * p.v_page_stride + row * p.v_row_stride, valid);
+        }
+        copies_arrive_on(k_full(stage));
         copies_arrive_on(v_full(stage));
+        pages = next_pages;
       }
       wait_copies<0>();
     } else {
+      // By TMA from the first warp: a tile of contiguous keys is one box per 64 columns; a tile of
+      // paged keys one per page (lane l copies page l of the block), up to the sequence's last.
       if (threadIdx.x >= 32) return;
       const int lane = threadIdx.x;
+      WarpBlockPages<kBlockK> pages, next_pages;
+      if (kPaged) pages.load(p, blk, block_start, lane);
+      const int box_rows = kPaged ? min(p.page_size, kBlockK) : kBlockK;
       for (int i = 0; i < num_blocks; ++i) {
         const int stage = i % kStages;
         const unsigned phase = (i / kStages) & 1;
         const int key0 = (block_start + i) * kBlockK;
+        if (kPaged && i + 1 < num_blocks) next_pages.load(p, blk, block_start + i + 1, lane);
+        const int boxes = kPaged ? min(kBlockK / box_rows, ((blk.len_k - 1) >> p.page_shift) - (key0 >> p.page_shift) + 1) : 1;
+        const unsigned bytes = boxes * box_rows * 128 * kAtoms;
+        auto copy_tile = [&](unsigned tile, const KilnTensorMap* map, unsigned barrier) {
+          if (lane >= boxes) return;
+          // Key row of the box in the tensor the map spans: packed keys, or the caches' rows.
+          const int row = kPaged ? pages.page[0] * p.page_size + (key0 & (p.page_size - 1)) : blk.k_begin + key0;
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom)
+            tma_load_3d(tile + atom * kKAtomBytes + lane * box_rows * 128, map, barrier, atom * 64, blk.kv_head, row);
+        };
         const unsigned k_tile = shared_address(k_tiles + stage * kTileBytes), v_tile = shared_address(v_tiles + stage * kTileBytes);
         if (lane == 0) {
           mbarrier_wait(k_empty(stage), phase ^ 1);
-          mbarrier_arrive_expect_tx(k_full(stage), kTileBytes);
-#pragma unroll
-          for (int atom = 0; atom < kAtoms; ++atom)
-            tma_load_3d(k_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapK], k_full(stage), atom * 64, blk.kv_head,
-                        blk.k_begin + key0);
-          mbarrier_wait(v_empty(stage), phase ^ 1);
+          mbarrier_arrive_expect_tx(k_full(stage), bytes);
         }
+        __syncwarp();
+        copy_tile(k_tile, &p.tensor_maps[kPrefillMapK], k_full(stage));
         const int valid_rows = blk.len_k - key0;  // warp-uniform
         const unsigned v_barrier = valid_rows >= kBlockK ? v_full(stage) : tail_full;
         if (lane == 0) {
-          mbarrier_arrive_expect_tx(v_barrier, kTileBytes);
-#pragma unroll
-          for (int atom = 0; atom < kAtoms; ++atom)
-            tma_load_3d(v_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapV], v_barrier, atom * 64, blk.kv_head, blk.k_begin + key0);
+          mbarrier_wait(v_empty(stage), phase ^ 1);
+          mbarrier_arrive_expect_tx(v_barrier, bytes);
         }
+        __syncwarp();
+        copy_tile(v_tile, &p.tensor_maps[kPrefillMapV], v_barrier);
         if (valid_rows < kBlockK) {  // the sequence's last block, once per CTA: phase 0 of tail_full
           mbarrier_wait(tail_full, 0);
           for (int r = 8 * (valid_rows / 8) + lane / 16; r < kBlockK; r += 2) {
@@ -185,6 +244,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim>::kThreads, 1) prefill
           __syncwarp();
           if (lane == 0) mbarrier_arrive(v_full(stage));
         }
+        if (kPaged) pages = next_pages;
       }
     }
     return;

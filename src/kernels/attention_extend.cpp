@@ -28,6 +28,7 @@ KILN_REGISTER_KERNEL(attention_extend_wgmma) {
 KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
   detail::PrefillKernel k = detail::wgmma_ws_kernel("attention.extend.wgmma_ws");
   k.input = PrefillInput::kPagedExtend;
+  k.stages = 3;  // at head_dim 128 (PrefillWsShape)
   return detail::prefill_kernel(k);
 }
 

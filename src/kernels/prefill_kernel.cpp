@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 
 #include "attention/params.h"
@@ -11,9 +12,10 @@
 namespace kiln::detail {
 namespace {
 
-// The TMA maps of the wgmma window kernel: q, k and v as (head_dim, heads, rows), boxes of 64
-// elements x 1 head x `q_rows` or `key_rows` rows. With no keys at all no CTA copies any, but the
-// maps must still encode: k and v then map one row of q.
+// The TMA maps of the wgmma window and warp-specialized kernels: q, k and v as (head_dim, heads,
+// rows), boxes of 64 elements x 1 head x `q_rows` or `key_rows` rows; paged caches as their
+// num_pages x page_size rows. With no keys to copy by TMA (none at all, or pages TMA cannot copy)
+// the maps must still encode: k and v then map one row of q.
 std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows) {
   auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
     return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
@@ -141,7 +143,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   };
   if (k.tma) {
     spec.tensor_maps = [k](const void* params, const Platform&) {
-      return prefill_tensor_maps(*static_cast<const KilnPrefillParams*>(params), k.q_box_rows, k.key_rows);
+      const auto& p = *static_cast<const KilnPrefillParams*>(params);
+      // Paged keys come a page (or a key block of a larger page) per box.
+      return prefill_tensor_maps(p, k.q_box_rows, k.input == PrefillInput::kPagedExtend ? std::min(p.page_size, k.key_rows) : k.key_rows);
     };
   }
   return spec;
