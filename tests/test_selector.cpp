@@ -514,9 +514,8 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_LE(mxfp4_rings + 27 * 1024, uint32_t{99 * 1024});
 }
 
-// wgmma exists on sm_90a only: Hopper prefill runs the warp-specialized wgmma kernel (ranked above
-// the single-role one), every other NVIDIA arch the portable mma.sync one, and head_dim 256 the
-// reference.
+// wgmma exists on sm_90a only: Hopper prefill runs the warp-specialized wgmma kernel, every other
+// NVIDIA arch the portable mma.sync one, and head_dim 256 the reference.
 TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
   const Signature d128 = test::prefill_signature("bf16", 128, 8, true);
   EXPECT_EQ(Registry::global().select(d128, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma_ws");

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   unsigned char* const kv_tiles = q_tile + kQAtomBytes * (kHeadDim / 64);              // [kStages][K | V]
   const unsigned full_barriers = shared_address(kv_tiles + kStages * 2 * kTileBytes);  // [kStages], 8 bytes each
 
-  // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma.cuh).
+  // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const PrefillQueryBlock blk = prefill_query_block(p, kPositions, kHeadsPerCta);

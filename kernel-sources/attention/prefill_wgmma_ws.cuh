@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   auto v_full = [&](int stage) { return barriers + 32 + 32 * stage; };
   auto v_empty = [&](int stage) { return barriers + 40 + 32 * stage; };
 
-  // Through a shuffle so ptxas knows the warpgroup index is warp-uniform (see prefill_wgmma.cuh).
+  // Through a shuffle so ptxas knows the warpgroup index is warp-uniform: with a plain
+  // threadIdx.x / 128 it treats a warpgroup's branches as divergent and serializes their wgmmas.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const PrefillQueryBlock blk = prefill_query_block(p, kBlockQ);
   if (blk.q0 >= blk.len_q) return;

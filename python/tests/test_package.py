@@ -42,7 +42,7 @@ def test_command_line_runs_from_the_package():
     listed = json.loads(out)
     assert listed["schema"] == 1
     names = {k["name"] for k in listed["kernels"]}
-    assert "attention.prefill.wgmma" in names
+    assert "attention.prefill.wgmma_ws" in names
 
 
 # ---- argument errors ------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_no_graph_breaks():
 # ---- registry, cache, warm-up, logging ------------------------------------------------------------
 def test_list_and_explain():
     names = {k["name"] for k in kiln.list_kernels()}
-    assert {"attention.prefill.wgmma", "moe.apply.stream"} <= names
+    assert {"attention.prefill.wgmma_ws", "moe.apply.stream"} <= names
     sig = "dtype=bf16,head_dim=64,group=8,causal=true,window=true,sinks=true,softcap=false,lse=false"
     ex = kiln.explain("mha_prefill", sig, target="sm_90a")
     assert ex["selected"].startswith("attention.prefill.")

@@ -1,5 +1,5 @@
 // mha_extend_with_kvcache's kernels: the prefill kernels with paged K and V (kPaged: each copied
-// key row finds its page), so extend and prefill share one mainloop. attention.extend.wgmma on
+// key row finds its page), so extend and prefill share one mainloop. attention.extend.wgmma_ws on
 // Hopper, attention.extend.mma and .mma_window (head packing for causal windows) on every NVIDIA
 // GPU from sm_80, attention.extend.mfma on AMD (compile-verified only), and the reference, the
 // only one that reads an e4m3 cache.
@@ -18,12 +18,6 @@ using detail::PrefillInput;
 
 KILN_REGISTER_KERNEL(attention_extend_reference) { return detail::prefill_reference_spec(true); }
 KILN_REGISTER_KERNEL(attention_extend_reference_amd) { return detail::amd_registration(detail::prefill_reference_spec(true)); }
-
-KILN_REGISTER_KERNEL(attention_extend_wgmma) {
-  detail::PrefillKernel k = detail::wgmma_kernel("attention.extend.wgmma");
-  k.input = PrefillInput::kPagedExtend;
-  return detail::prefill_kernel(k);
-}
 
 KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
   detail::PrefillKernel k = detail::wgmma_ws_kernel("attention.extend.wgmma_ws");

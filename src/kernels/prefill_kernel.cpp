@@ -84,7 +84,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.mode = mode_of(k.input);
   spec.priority = k.priority;
   // Windows-only kernels are narrower than general ones, and a Hopper-only one narrower still.
-  spec.specificity = k.specificity > 0 ? k.specificity : k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
+  spec.specificity = k.windows_only ? (k.min_arch >= 90 ? 4 : 3) : 2;
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = k.min_arch;
   spec.requirements.features = k.features;
@@ -163,20 +163,6 @@ PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
           .stages = 2};
 }
 
-PrefillKernel wgmma_kernel(const char* name) {
-  return {.name = name,
-          .source = "attention/prefill_wgmma.cuh",
-          .entry = "prefill_wgmma",
-          .priority = Priority::kPerformant,
-          .min_arch = 90,
-          .features = {"mma:wgmma", "memory:cp_async"},
-          .block_rows_d64 = 192,
-          .block_rows_d128 = 128,
-          .key_rows = 128,
-          .stages = 3,
-          .alignment = 1024};
-}
-
 PrefillKernel wgmma_ws_kernel(const char* name) {
   return {.name = name,
           .source = "attention/prefill_wgmma_ws.cuh",
@@ -192,8 +178,7 @@ PrefillKernel wgmma_ws_kernel(const char* name) {
           .tma = true,
           .q_box_rows = 64,
           .producer_warpgroup = true,
-          .stages_d64 = 4,
-          .specificity = 3};
+          .stages_d64 = 4};
 }
 
 }  // namespace kiln::detail

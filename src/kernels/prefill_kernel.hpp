@@ -39,7 +39,6 @@ struct PrefillKernel {
   int q_box_rows = 16;              // with tma: rows of one Q copy
   bool producer_warpgroup = false;  // a fifth (or fourth) warpgroup copies; K and V rings of full and empty mbarriers
   int stages_d64 = 0;               // stages at head_dim 64 where they differ (0: `stages`)
-  int specificity = 0;              // rank among kernels of its priority (0: the rule in prefill_kernel)
   PrefillInput input = PrefillInput::kContiguous;
 };
 
@@ -47,9 +46,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k);
 
 // The mma.sync kernels of attention/prefill_mma.cuh, 4 warps each.
 PrefillKernel mma_sync_kernel(const char* name, Priority priority);
-// The general Hopper kernel of attention/prefill_wgmma.cuh.
-PrefillKernel wgmma_kernel(const char* name);
-// The warp-specialized Hopper kernel of attention/prefill_wgmma_ws.cuh.
+// The general Hopper kernel of attention/prefill_wgmma_ws.cuh (warp-specialized).
 PrefillKernel wgmma_ws_kernel(const char* name);
 
 }  // namespace kiln::detail

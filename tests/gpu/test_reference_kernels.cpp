@@ -140,8 +140,8 @@ Signature prefill_case_signature(const PrefillCase& c) {
   return sig;
 }
 
-const char* const kPrefillKernels[] = {"attention.prefill.wgmma_ws", "attention.prefill.wgmma",      "attention.prefill.wgmma_window",
-                                       "attention.prefill.mma",      "attention.prefill.mma_window", "attention.prefill.reference"};
+const char* const kPrefillKernels[] = {"attention.prefill.wgmma_ws", "attention.prefill.wgmma_window", "attention.prefill.mma",
+                                       "attention.prefill.mma_window", "attention.prefill.reference"};
 
 // Every case runs on each prefill kernel that accepts it: the Hopper wgmma kernel (the device is an
 // H100 or H200), the portable tensor-core kernel, its head-packing form for windows and the
@@ -919,8 +919,8 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                      .append = append});
   }
   const OperatorId extend{kFamilyAttention, kModeExtend};
-  for (const char* kernel : {"attention.extend.wgmma_ws", "attention.extend.wgmma", "attention.extend.mma", "attention.extend.mma_window",
-                             "attention.extend.reference"}) {
+  for (const char* kernel :
+       {"attention.extend.wgmma_ws", "attention.extend.mma", "attention.extend.mma_window", "attention.extend.reference"}) {
     Registry::global().set_override(extend, kernel);
     int ran = 0;
     for (const auto& c : cases) {
