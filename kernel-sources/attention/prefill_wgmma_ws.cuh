@@ -47,8 +47,8 @@ struct PrefillWsShape {
     kThreads = 128 * (kConsumers + 1),
     kBlockQ = 64 * kConsumers,
     kBlockK = 128,
-    // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys,
-    // copied by cp.async with more latency, take 3.
+    // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys
+    // take 3, chosen for the cp.async producer and not measured apart since the page boxes.
     kStages = kHeadDim == 64 ? 4
               : kPaged       ? 3
                              : 2,
