@@ -37,7 +37,7 @@ struct PrefillKernel {
   uint32_t alignment = 0;           // slack added to shared memory to align the tiles
   bool tma = false;                 // Q, K and V copied by TMA (tensor maps in the parameter block), one mbarrier per stage
   int q_box_rows = 16;              // with tma: rows of one Q copy
-  bool producer_warpgroup = false;  // a fifth (or fourth) warpgroup copies; K and V rings of full and empty mbarriers
+  bool producer_warpgroup = false;  // one more warpgroup copies; K and V rings of full and empty mbarriers
   int stages_d64 = 0;               // stages at head_dim 64 where they differ (0: `stages`)
   PrefillInput input = PrefillInput::kContiguous;
 };
