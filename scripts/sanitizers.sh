@@ -13,6 +13,12 @@ root=$(pwd)
 # libnvrtc is not instrumented and keeps allocations for the life of the process.
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+# GCC 12's runtime takes a malloc'd dynamic-TLS block that happens to sit 16 bytes past a page
+# boundary for a pre-2.25 glibc header and reads its bounds from the two words before it; when
+# that happens in a thread of a dlopen'ed library with TLS (PoCL's workers), LeakSanitizer's
+# tracer segfaults at exit ("Tracer caught signal 11") and the test fails with no leak found.
+# Without the interceptor nothing reads those words; leak checking stays on.
+export ASAN_OPTIONS="intercept_tls_get_addr=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: CPU suite =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WERROR=ON -DKILN_SANITIZE=address,undefined >/dev/null
