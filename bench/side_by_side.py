@@ -82,7 +82,7 @@ class MoeArgs(ctypes.Structure):
     _fields_ = [("x", P), ("out", P), ("router_logits", P), ("topk_ids", P), ("topk_weights", P),
                 ("top_k", ctypes.c_int32), ("routing", ctypes.c_int32), ("renormalize", ctypes.c_int32),
                 ("w13", P), ("w13_scale", P), ("w13_bias", P), ("w2", P), ("w2_scale", P), ("w2_bias", P),
-                ("activation", ctypes.c_int32), ("gate_up_layout", ctypes.c_int32)]
+                ("activation", ctypes.c_int32), ("gate_up_layout", ctypes.c_int32), ("activation_dtype", ctypes.c_int32)]
 
 
 class Kiln:
@@ -380,38 +380,54 @@ def decode_case(kiln, name, B, ctx, Hq, Hkv, D, page, l2, quick, fp8=False, q_le
 
 
 # ---- MoE ---------------------------------------------------------------------------------------
-def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_format="bf16", bias=False):
-    """weights_format: bf16, mxfp4, or mxfp4_prepared (the same MXFP4 bytes rewritten by
-    kiln_moe_prepare_weights first). bias: bf16 biases on both projections, as GPT-OSS ships them
-    (the grouped_mm peer stays the two GEMMs alone)."""
-    mxfp4 = weights_format != "bf16"
-    g = torch.Generator(device="cuda").manual_seed(13)
-    w13 = (torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(H))
-    w2 = (torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(I))
-    if mxfp4:  # GPT-OSS's format: random e2m1 pairs, scales 2^-9 .. 2^-4 (the peer keeps bf16)
+MOE_FORMATS = ("bf16", "mxfp4", "mxfp4_prepared", "w4a8")
+E4M3 = 4  # kiln_dtype KILN_F8_E4M3: moe_apply's activation_dtype for W4A8
+
+
+class MoeWeights:
+    """GPT-OSS-120B's experts (128, H = I = 2880) once per run: bf16 for kiln's bf16 rows and the
+    peers, random MXFP4 codes (scales 2^-9 .. 2^-4) standard and prepared, fp8 copies of the bf16
+    weights for _scaled_grouped_mm, and bf16 biases."""
+
+    def __init__(self, kiln, E=128, H=2880, I=2880):
+        self.E, self.H, self.I = E, H, I
+        g = torch.Generator(device="cuda").manual_seed(13)
+        self.w13 = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(H)
+        self.w2 = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(I)
         q13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", dtype=torch.uint8, generator=g)
         s13 = torch.randint(118, 124, (E, 2 * I, H // 32), device="cuda", dtype=torch.uint8, generator=g)
         q2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=g)
         s2 = torch.randint(118, 124, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=g)
-        weights = [kt(q13, FP4X2), kt(q2, FP4X2), kt(s13, E8M0), kt(s2, E8M0)]
-        prepare_s = None
-        if weights_format == "mxfp4_prepared":  # timed: the one-off cost at load time
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for w in weights[:2]:
-                kiln.call("kiln_moe_prepare_weights", w)  # in place; sets w.dtype
-            prepare_s = time.perf_counter() - start
-        kiln.keep.append((weights, q13, s13, q2, s2))
-    else:
-        weights = [kt(w13), kt(w2)]
-        kiln.keep.append(weights)
-    biases = [None, None]
-    if bias:
-        b13 = torch.randn(E, 2 * I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
-        b2 = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
-        bias_views = [kt(b13), kt(b2)]  # each view keeps its tensor alive
-        kiln.keep.append(bias_views)
-        biases = [ref(v) for v in bias_views]
+        self.views = {"bf16": [kt(self.w13), kt(self.w2), None, None],
+                      "mxfp4": [kt(q13, FP4X2), kt(q2, FP4X2), kt(s13, E8M0), kt(s2, E8M0)]}
+        p13, p2 = q13.clone(), q2.clone()
+        prepared = [kt(p13, FP4X2), kt(p2, FP4X2), kt(s13, E8M0), kt(s2, E8M0)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for w in prepared[:2]:  # timed: the one-off cost at load time
+            kiln.call("kiln_moe_prepare_weights", w)  # in place; sets w.dtype
+        self.prepare = {"seconds": time.perf_counter() - start, "bytes": q13.numel() + q2.numel()}
+        self.views["mxfp4_prepared"] = self.views["w4a8"] = prepared
+        self.keep = (q13, s13, q2, s2, p13, p2)
+        self.b13 = torch.randn(E, 2 * I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
+        self.b2 = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
+        self.bias_views = [kt(self.b13), kt(self.b2)]
+        # _scaled_grouped_mm's operands: B [E, K, N] column-major in e4m3, one scale per column.
+        self.fp8 = []
+        for w in (self.w13, self.w2):
+            scale = w.float().abs().amax(dim=2) / 448  # [E, N]
+            self.fp8.append(((w.float() / scale[:, :, None]).to(torch.float8_e4m3fn).transpose(1, 2), scale))
+
+
+def moe_case(kiln, weights, T, l2, topk=4, quick=False, weights_format="bf16", bias=False):
+    """weights_format: bf16; mxfp4; mxfp4_prepared (the same bytes after kiln_moe_prepare_weights);
+    w4a8 (prepared MXFP4, activations quantized to MXFP8 in the kernel). bias: bf16 biases on both
+    projections, as GPT-OSS ships them (the peers stay the two GEMMs alone)."""
+    E, H, I = weights.E, weights.H, weights.I
+    mxfp4 = weights_format != "bf16"
+    g = torch.Generator(device="cuda").manual_seed(17 + T)
+    w = weights.views[weights_format]
+    biases = [ref(v) for v in weights.bias_views] if bias else [None, None]
     # Input sets share the weights and differ in tokens and router logits, so each call routes to
     # other experts: enough sets that the experts they read together exceed L2 twice over (at
     # T = 1 the 4 experts of one set are about an H100's L2 in MXFP4).
@@ -424,21 +440,17 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_fo
         out = torch.full_like(x, float("nan"))
         ts = [kt(x), kt(out), kt(logits)]
         kiln.keep.append(ts)
-        if mxfp4:
-            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), ref(weights[2]), biases[0],
-                        ref(weights[1]), ref(weights[3]), biases[1], 1, 1)
-        else:
-            a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(weights[0]), None, biases[0], ref(weights[1]),
-                        None, biases[1], 1, 1)
+        a = MoeArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), None, None, topk, 0, 1, ref(w[0]), ref(w[2]) if mxfp4 else None, biases[0],
+                    ref(w[1]), ref(w[3]) if mxfp4 else None, biases[1], 1, 1, E4M3 if weights_format == "w4a8" else 0)
         sets.append(a)
-        # The peer: the same routed tokens through two torch._grouped_mm calls (weights K-major).
+        # The peers: the same routed tokens through two grouped GEMMs (weights K-major).
         ids = torch.topk(logits, topk, dim=1).indices.flatten()
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids, minlength=E)
         routed.append((x.repeat_interleave(topk, 0)[order], torch.cumsum(counts, 0).to(torch.int32), counts.gt(0).sum().item()))
     row = {"op": "moe_apply", "shape": f"gpt-oss-120b {weights_format}{' bias' if bias else ''} T={T}"}
     row["kiln"] = timed(lambda i: kiln.call("kiln_moe_apply", sets[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
-    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+    w13t, w2t = weights.w13.transpose(1, 2), weights.w2.transpose(1, 2)
     try:
         def two_gemms(i):
             xs, offs, _ = routed[i]
@@ -448,12 +460,30 @@ def moe_case(kiln, T, l2, E=128, topk=4, H=2880, I=2880, quick=False, weights_fo
         row["grouped_mm_x2"]["note"] = "the two GEMMs only: no routing, activation or combine"
     except Exception as e:
         row["grouped_mm_x2"] = {"error": str(e).splitlines()[0][:160]}
+    if weights_format in ("bf16", "w4a8"):  # fp8 weights and activations, per-row and per-column scales
+        try:
+            (b13, sb13), (b2, sb2) = weights.fp8
+
+            def quantized(a):
+                scale = a.float().abs().amax(dim=1).clamp(min=1e-12) / 448
+                return (a.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+            def two_fp8_gemms(i):
+                xs, offs, _ = routed[i]
+                xq, sx = quantized(xs)
+                h = torch._scaled_grouped_mm(xq, b13, sx, sb13, offs=offs, out_dtype=torch.bfloat16)
+                hq, sh = quantized(h[:, :I])
+                return torch._scaled_grouped_mm(hq, b2, sh, sb2, offs=offs, out_dtype=torch.bfloat16)
+            row["scaled_grouped_mm_x2"] = timed(two_fp8_gemms, n)
+            row["scaled_grouped_mm_x2"]["note"] = "fp8 e4m3 x fp8 e4m3, row and column scales, the activations quantized in torch"
+        except Exception as e:
+            row["scaled_grouped_mm_x2"] = {"error": str(e).splitlines()[0][:160]}
     active = sum(r[2] for r in routed) / n  # experts a call reads, averaged over the sets
     row["bytes"] = active * expert_bytes + 4 * T * H
     row["flops"] = 6.0 * T * topk * H * I
     row["input_sets"] = n
-    if mxfp4 and prepare_s is not None:  # moe_prepare_weights on all E experts' w13 and w2, device memory
-        row["prepare_weights"] = {"seconds": prepare_s, "bytes": q13.numel() + q2.numel(), "gb_per_s": (q13.numel() + q2.numel()) / prepare_s / 1e9}
+    if weights_format == "mxfp4_prepared":  # moe_prepare_weights on all E experts' w13 and w2, device memory
+        row["prepare_weights"] = dict(weights.prepare, gb_per_s=weights.prepare["bytes"] / weights.prepare["seconds"] / 1e9)
     return row
 
 
@@ -564,9 +594,10 @@ def main():
     ap.add_argument("--only", choices=["prefill", "decode", "moe", "extend", "append"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
     ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
-    ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared)")
+    ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared, w4a8)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
-    ap.add_argument("--moe-bias", action="store_true", help="MoE rows with bf16 biases on both projections, as GPT-OSS ships them")
+    ap.add_argument("--moe-bias", choices=["both", "on", "off"], default="both",
+                    help="MoE rows with bf16 biases on both projections (as GPT-OSS ships them), without, or both (default)")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
     args = ap.parse_args()
     if args.replot:
@@ -636,15 +667,22 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     moe_tokens = {int(t) for t in args.moe_tokens.split(",")} if args.moe_tokens else None
     # In the order --moe-weights lists the formats (to alternate which one runs first).
-    moe_formats = args.moe_weights.split(",") if args.moe_weights else ["bf16", "mxfp4", "mxfp4_prepared"]
-    # Every format at every batch size: prefill runs MXFP4 experts at thousands of tokens too.
-    moe_rows = [(T, w) for w in moe_formats for T in (1, 8, 64, 512, 4096, 8192)]
-    for T, weights_format in moe_rows if args.only in (None, "moe") else ():
+    moe_formats = args.moe_weights.split(",") if args.moe_weights else list(MOE_FORMATS)
+    for f in moe_formats:
+        if f not in MOE_FORMATS:
+            ap.error(f"--moe-weights: '{f}' is not one of {', '.join(MOE_FORMATS)}")
+    bias_modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.moe_bias]
+    # Every format at every batch size, with and without biases: prefill runs MXFP4 experts at
+    # thousands of tokens too.
+    moe_rows = [(T, w, b) for b in bias_modes for w in moe_formats for T in (1, 8, 64, 512, 4096, 8192)]
+    moe_weights = MoeWeights(kiln) if args.only in (None, "moe") else None
+    for T, weights_format, bias in moe_rows if moe_weights else ():
         if moe_tokens and T not in moe_tokens:
             continue
         settle(rows)
-        rows.append(moe_case(kiln, T, l2, quick=args.quick, weights_format=weights_format, bias=args.moe_bias))
+        rows.append(moe_case(kiln, moe_weights, T, l2, quick=args.quick, weights_format=weights_format, bias=bias))
         print(json.dumps(rows[-1]), flush=True)
+        kiln.keep.clear()  # this row's inputs
     ceil = ceilings()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "side_by_side.json"), "w") as f:

@@ -90,6 +90,9 @@ std::vector<Signature> amd_signatures() {
   sigs.push_back(test::moe_signature("bf16", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   sigs.push_back(test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   sigs.push_back(test::moe_signature("bf16", 4096, 14336, 8, 2, "f32", "silu_glu", "concatenated", "none"));
+  Signature w4a8 = test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  w4a8.set("act_dtype", "e4m3");
+  sigs.push_back(w4a8);
   return sigs;
 }
 
@@ -136,9 +139,18 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
       if (sig.op().mode == kModeApply) {
         // The matrix-core MoE kernel: the same MFMAs in bf16 (MXFP4 decoded to bf16 first), 16-byte
         // global loads of weight rows, and a grid barrier whose agent-scope acquire invalidates
-        // the caches (buffer_inv) between phases.
+        // the caches (buffer_inv) between phases. W4A8 on gfx950: CDNA4's scaled MFMA takes the
+        // e2m1 weights as stored (cbsz:4) and the e4m3 activations, with both e8m0 scales, and
+        // no bf16 MFMA is left; before gfx950 the quantized activations take the bf16 ones.
         EXPECT_EQ(k.kernel, "moe.apply.mfma");
-        EXPECT_NE(text.find(std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_bf16" : "v_mfma_f32_32x32x8_bf16"), std::string::npos);
+        const bool scaled = sig.has("act_dtype") && std::string(arch) == "gfx950";
+        EXPECT_EQ(text.find("v_mfma_scale_f32_32x32x64_f8f6f4") != std::string::npos, scaled);
+        if (scaled) {
+          EXPECT_NE(text.find("cbsz:4"), std::string::npos);
+          EXPECT_EQ(text.find("v_mfma_f32_32x32x16_bf16"), std::string::npos);
+        } else {
+          EXPECT_NE(text.find(std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_bf16" : "v_mfma_f32_32x32x8_bf16"), std::string::npos);
+        }
         EXPECT_NE(text.find("global_load_dwordx4"), std::string::npos);
         EXPECT_NE(text.find("buffer_inv"), std::string::npos);
         EXPECT_NE(text.find("global_atomic_add"), std::string::npos);

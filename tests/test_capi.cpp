@@ -78,6 +78,18 @@ TEST(CApi, ExplainAndListReturnJson) {
   EXPECT_EQ(kiln_explain_json("moe_apply", (std::string(moe) + ",colour=red").c_str(), "sm_90a", &json), KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(kiln_last_error()).find("unknown key 'colour' for moe_apply (its keys: dtype, weights"), std::string::npos)
       << kiln_last_error();
+  // W4A8 is asked for by name and served by the streaming kernel; with bf16 weights no kernel takes it.
+  const std::string w4a8 =
+      "dtype=bf16,weights=mxfp4,hidden=64,inter=64,experts=4,top_k=2,routing=topk_softmax,activation=silu_glu,"
+      "layout=concat,w13_bias=none,w2_bias=none,act_dtype=e4m3";
+  ASSERT_EQ(kiln_explain_json("moe_apply", w4a8.c_str(), "sm_90a", &json), KILN_OK) << kiln_last_error();
+  EXPECT_NE(std::string(json).find("\"selected\": \"moe.apply.stream\""), std::string::npos) << json;
+  kiln_free_string(json);
+  std::string bf16_weights = w4a8;
+  bf16_weights.replace(bf16_weights.find("weights=mxfp4"), 13, "weights=bf16");
+  ASSERT_EQ(kiln_explain_json("moe_apply", bf16_weights.c_str(), "sm_90a", &json), KILN_OK) << kiln_last_error();
+  EXPECT_NE(std::string(json).find("act_dtype e4m3 needs MXFP4 weights"), std::string::npos) << json;
+  kiln_free_string(json);
 }
 
 TEST(CApi, OverrideOfUnknownOperatorIsRefused) {

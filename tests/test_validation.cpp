@@ -488,6 +488,12 @@ TEST(Validation, Moe) {
            .expect = "give exactly one way of routing"},
           {.name = "no routing", .breaks = [](auto& a) { a.router_logits = {}; }, .expect = "give exactly one way of routing"},
           {.name = "top_k", .breaks = [](auto& a) { a.top_k = 9; }, .expect = "top_k: must be in [1, E = 8]"},
+          {.name = "activation dtype",
+           .breaks = [](auto& a) { a.activation_dtype = DType::kF8E5M2; },
+           .expect = "activation_dtype: must be bf16 or e4m3 (W4A8), got e5m2"},
+          {.name = "W4A8 with bf16 weights",
+           .breaks = [](auto& a) { a.activation_dtype = DType::kF8E4M3; },
+           .expect = "activation_dtype: e4m3 (W4A8) needs MXFP4 weights (e2m1x2), got w13 in bf16"},
           {.name = "logits experts",
            .breaks =
                [](auto& a) {

@@ -104,6 +104,9 @@ typedef struct kiln_moe_args {
   const kiln_tensor *w2, *w2_scale, *w2_bias;
   int32_t activation;     /* 0: SiLU-GLU, 1: GPT-OSS clamped SwiGLU */
   int32_t gate_up_layout; /* 0: concatenated, 1: interleaved */
+  /* 0 or KILN_BF16: bf16 activations. KILN_F8_E4M3: W4A8 with MXFP4 weights, the activations
+   * quantized to MXFP8 inside the kernel (MoeArgs::activation_dtype in ops.hpp). */
+  int32_t activation_dtype;
 } kiln_moe_args;
 
 KILN_API const char* kiln_last_error(void);

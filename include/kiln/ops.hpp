@@ -145,6 +145,15 @@ struct KvAppendArgs {
 //   GEMMs does; elsewhere it stays f32. MXFP4 values are multiplied by their scale in bf16,
 //   exactly: every e2m1 value times every e8m0 scale is a bf16 or beyond even f32's range (then
 //   infinite), and scale 0xFF gives NaN.
+//   activation_dtype kBF16: x and act enter the projections as bf16. kF8E4M3 (W4A8; MXFP4 weights
+//   only): each projection's activations -- x for up, the bf16 act for down -- are quantized
+//   inside the kernel to MXFP8: e4m3 values with one power-of-two scale per 32 consecutive values
+//   along the reduction dimension, chosen so no value saturates, rounded to nearest even
+//   (kernel-sources/moe/mxfp8_activations.h defines it bit for bit, and the float64 reference
+//   models it). This adds up to 2^-4 relative error per activation; the projections still
+//   accumulate in f32. Where no fp8 matrix instruction serves the call (NVIDIA today; AMD before
+//   gfx950) the quantized values, which are bf16 values, go through the bf16 MMAs: the same
+//   numbers, not a faster path. gfx950 runs them on its scaled MXFP4 x MXFP8 MFMAs.
 //   Prepared MXFP4 weights: moe_prepare_weights (below) rewrites w13 and w2 once, at load time,
 //   into kF4E2M1x2Prepared; pass both so (the scales stay as they are). Results are the same, bit
 //   for bit, and cheaper to decode on NVIDIA. AMD's fast kernel reads only the standard layout
@@ -164,6 +173,7 @@ struct MoeArgs {
   TensorView w2, w2_scale, w2_bias;
   MoeActivation activation = MoeActivation::kSiluGlu;
   GateUpLayout gate_up_layout = GateUpLayout::kConcatenated;
+  DType activation_dtype = DType::kBF16;  // or kF8E4M3 (W4A8, MXFP4 weights)
 };
 
 void mha_prefill(const MhaPrefillArgs& args, Stream stream);

@@ -1,6 +1,9 @@
 // MoE layer on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) with bf16 or MXFP4
-// weights and bf16 activations, the reference's semantics. COMPILE-VERIFIED ONLY: no AMD GPU has
-// run it, so neither its numerics nor its speed are known.
+// weights and bf16 activations, or W4A8 (MXFP4 weights, activations quantized to MXFP8 as
+// moe/mxfp8_activations.h defines), the reference's semantics. W4A8 runs on gfx950's scaled
+// MXFP4 x MXFP8 MFMAs (partial_product_scaled), and elsewhere on the bf16 ones with the quantized
+// values. COMPILE-VERIFIED ONLY: no AMD GPU has run it, so neither its numerics nor its speed are
+// known.
 //
 // One cooperative launch, a workgroup of 8 wavefronts per CU, five phases between grid-wide
 // barriers, in moe_apply_stream's workspace layout (moe/stream_workspace.h):
@@ -25,6 +28,7 @@
 
 #include "common/mfma.cuh"
 #include "moe/moe_common.cuh"
+#include "moe/mxfp8_activations.h"
 #include "moe/stream_workspace.h"
 
 namespace kiln {
@@ -123,22 +127,115 @@ __device__ __forceinline__ void load_weight_span(const MoeRow& row, int k, int K
     load_bf16_span(row.values, k, K, s);
 }
 
+// W4A8: a span of 32 activations (one MXFP8 block: spans start at multiples of 32) quantized as
+// moe/mxfp8_activations.h defines. The block exponent, and each value's q = x 2^-s rounded to e4m3.
+__device__ __forceinline__ int mxfp8_span_exponent(const MoeSpan& s) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {
+    amax = fmaxf(amax, fmaxf(__uint_as_float((s.w[i] << 16) & 0x7FFF0000u), __uint_as_float(s.w[i] & 0x7FFF0000u)));
+  }
+  return kiln_mxfp8_exponent(amax);
+}
+__device__ __forceinline__ float mxfp8_span_q(const MoeSpan& s, int v, float down) {
+  const u32 word = s.w[v / 2];
+  return kiln_round_to_e4m3(__uint_as_float(v % 2 ? word & 0xFFFF0000u : word << 16) * down);
+}
+
+// Before gfx950: the quantized values, which are bf16 values, in place of the span's.
+__device__ __forceinline__ void quantize_mxfp8_span(MoeSpan& s) {
+  const int e = mxfp8_span_exponent(s);
+  const float down = kiln_pow2(-e), up = kiln_pow2(e);
+#pragma unroll
+  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {
+    const u32 lo = __float_as_uint(mxfp8_span_q(s, 2 * i, down) * up), hi = __float_as_uint(mxfp8_span_q(s, 2 * i + 1, down) * up);
+    s.w[i] = (lo >> 16) | (hi & 0xFFFF0000u);  // exact: q 2^s is a bf16 value
+  }
+}
+
+#if defined(__gfx950__)
+typedef int moe_words8 __attribute__((ext_vector_type(8)));
+
+// gfx950, W4A8: the span's e4m3 codes (value v in byte v) and its e8m0 scale.
+__device__ __forceinline__ moe_words8 encode_mxfp8_span(const MoeSpan& s, int& scale) {
+  const int e = mxfp8_span_exponent(s);
+  const float down = kiln_pow2(-e);
+  moe_words8 codes;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    u32 word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) word |= kiln_e4m3_code(mxfp8_span_q(s, 4 * i + b, down)) << (8 * b);
+    codes[i] = static_cast<int>(word);
+  }
+  scale = e + 127;
+  return codes;
+}
+
+// gfx950, W4A8: an MXFP4 row's values k .. k + 31 as stored (e2m1, the first in the low nibble)
+// in the low 16 bytes, and their e8m0 scale; zeros (scale 1) past the row or past K.
+__device__ __forceinline__ moe_words8 load_mxfp4_raw(const MoeRow& row, int k, int K, int& scale) {
+  moe_words8 v = {};
+  scale = 127;
+  if (row.values == nullptr || k >= K) return v;
+  scale = row.scales[k / 32];
+  const u8* bytes = static_cast<const u8*>(row.values) + k / 2;
+  if (aligned16(bytes)) {
+    const moe_words4 w = load_global16(bytes);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = static_cast<int>(w[q]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[q] = static_cast<int>(u32(bytes[4 * q]) | (u32(bytes[4 * q + 1]) << 8) | (u32(bytes[4 * q + 2]) << 16) |
+                              (u32(bytes[4 * q + 3]) << 24));
+    }
+  }
+  return v;
+}
+
+// gfx950, W4A8: the wavefront's chunks on CDNA4's scaled matrix cores, one
+// v_mfma_scale_f32_32x32x64_f8f6f4 a chunk. Lane (row or column, half h) holds values h * 32 ..
+// h * 32 + 31 of the chunk -- one MX block of A (e2m1, its weight scale) and of B (e4m3, its
+// activation scale) -- and the instruction applies both scales to its products.
+__device__ mfma_f32x16 partial_product_scaled(const MoeRow& a, const void* b, int K, int wave, int h) {
+  mfma_f32x16 acc = {};
+  const int chunks = (K + kMoeMfmaChunk - 1) / kMoeMfmaChunk;
+  for (int c = wave; c < chunks; c += kMoeMfmaWaves) {
+    const int k = c * kMoeMfmaChunk + h * kMoeMfmaSpan;
+    int a_scale = 127, b_scale = 127;
+    const moe_words8 a_values = load_mxfp4_raw(a, k, K, a_scale);
+    MoeSpan b_span;
+    load_bf16_span(b, k, K, b_span);
+    const moe_words8 b_codes = encode_mxfp8_span(b_span, b_scale);
+    acc = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(a_values, b_codes, acc, 4 /* A: e2m1 */, 0 /* B: e4m3 */, 0, a_scale, 0, b_scale);
+  }
+  return acc;
+}
+#endif
+
 // This wavefront's share of an item's product over K: its chunks of the lane's weight row `a`
 // and activation row `b`, the next chunk's loads issued before the current one's MFMAs.
-template <int kFormat>
+// W4A8 quantizes each activation span; on gfx950 the scaled MFMAs take the operands as stored.
+template <int kFormat, bool kActMxfp8>
 __device__ mfma_f32x16 partial_product(const MoeRow& a, const void* b, int K, int wave, int h) {
+#if defined(__gfx950__)
+  if constexpr (kActMxfp8 && kFormat == kWeightsMxfp4) return partial_product_scaled(a, b, K, wave, h);
+#endif
   mfma_f32x16 acc = {};
   const int chunks = (K + kMoeMfmaChunk - 1) / kMoeMfmaChunk;
   MoeSpan a_span = {}, b_span = {}, a_next = {}, b_next = {};
   if (wave < chunks) {
     load_weight_span<kFormat>(a, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_span);
     load_bf16_span(b, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_span);
+    if (kActMxfp8) quantize_mxfp8_span(b_span);
   }
   for (int c = wave; c < chunks; c += kMoeMfmaWaves) {
     const int next = c + kMoeMfmaWaves;
     if (next < chunks) {
       load_weight_span<kFormat>(a, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_next);
       load_bf16_span(b, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_next);
+      if (kActMxfp8) quantize_mxfp8_span(b_next);
     }
 #pragma unroll
     for (int step = 0; step < kMoeMfmaSpan / kMfmaHalfK; ++step) {
@@ -227,7 +324,7 @@ __device__ __forceinline__ MoeItem moe_item(const int* tile_start, const int* pa
   return it;
 }
 
-template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
+template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2, bool kActMxfp8>
 __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
   __shared__ int pair_start[kMoeMfmaMaxExperts + 1], tile_start[kMoeMfmaMaxExperts + 1];
   __shared__ float partial[kMoeMfmaWaves][16][64];  // each wavefront's accumulators, by register and lane
@@ -295,7 +392,7 @@ __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
     const MoeRow a = weight_row<kFormat>(p.w13, p.w13_scale, p.w13_expert_stride, p.w13_row_stride, p.w13_scale_expert_stride,
                                          p.w13_scale_row_stride, it.expert, col < 16 ? rows.gate : rows.up, u < I);
     const u16* x_row = q >= 0 ? static_cast<const u16*>(p.x) + (q / k) * p.x_row_stride : nullptr;
-    keep_partial(partial_product<kFormat>(a, x_row, H, wave, h));
+    keep_partial(partial_product<kFormat, kActMxfp8>(a, x_row, H, wave, h));
     const int unit = 16 * it.block + 8 * (wave / 4) + 4 * h + wave % 4;
     if (q >= 0 && unit < I) {
       const GateUpRows unit_rows = gate_up_rows<kLayout>(unit, I);
@@ -316,7 +413,7 @@ __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
     const int row = 32 * it.block + col;
     const MoeRow a = weight_row<kFormat>(p.w2, p.w2_scale, p.w2_expert_stride, p.w2_row_stride, p.w2_scale_expert_stride,
                                          p.w2_scale_row_stride, it.expert, row, row < H);
-    keep_partial(partial_product<kFormat>(a, q >= 0 ? act + static_cast<long long>(q) * I : nullptr, I, wave, h));
+    keep_partial(partial_product<kFormat, kActMxfp8>(a, q >= 0 ? act + static_cast<long long>(q) * I : nullptr, I, wave, h));
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wave + 8 * half, out_row = 32 * it.block + 8 * (r / 4) + 4 * h + r % 4;

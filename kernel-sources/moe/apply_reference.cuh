@@ -1,14 +1,31 @@
 // Reference MoE layer: one block per token routes it, then for each chosen expert computes the
 // activated intermediate vector into shared memory and accumulates the weighted down projection.
-// fp32 throughout; weights decoded element by element. Slow and plainly correct: the oracle.
+// fp32 throughout (W4A8: x and act quantized to MXFP8 first); weights decoded element by element.
+// Slow and plainly correct: the oracle.
 // Launch: grid (T), block 256, dynamic shared memory (2H + I) floats + routing scratch.
 #pragma once
 
 #include "moe/moe_common.cuh"
+#include "moe/mxfp8_activations.h"
 
 namespace kiln {
 
-template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
+// W4A8: each block of 32 of the n values (n a multiple of 32) quantized to MXFP8 in place, a
+// thread per block; `bf16_first` rounds them to bf16 before (act, which kiln stores as bf16).
+__device__ __forceinline__ void quantize_mxfp8_rows(float* values, int n, bool bf16_first) {
+  for (int b = threadIdx.x; b < n / 32; b += blockDim.x) {
+    float* block = values + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      if (bf16_first) block[i] = to_float(from_float<bf16>(block[i]));
+      amax = fmaxf(amax, fmaxf(block[i], -block[i]));
+    }
+    const int s = kiln_mxfp8_exponent(amax);
+    for (int i = 0; i < 32; ++i) block[i] = kiln_mxfp8_value(block[i], s);
+  }
+}
+
+template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2, bool kActMxfp8>
 __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p) {
   extern __shared__ float shared[];
   float* x = shared;                                      // [H]
@@ -25,6 +42,10 @@ __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p
   }
   if (threadIdx.x == 0) route_token<kRouting, kLogitsBf16>(p, token, ids, weights);
   __syncthreads();
+  if (kActMxfp8) {
+    quantize_mxfp8_rows(x, p.hidden, false);
+    __syncthreads();
+  }
 
   for (int j = 0; j < p.top_k; ++j) {
     const int e = ids[j];
@@ -46,6 +67,10 @@ __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p
       act[r] = glu_activation<kActivation>(gate, up);
     }
     __syncthreads();
+    if (kActMxfp8) {
+      quantize_mxfp8_rows(act, p.intermediate, true);
+      __syncthreads();
+    }
     for (int h = threadIdx.x; h < p.hidden; h += blockDim.x) {
       float sum = 0.0f;
       for (int k = 0; k < p.intermediate; ++k) {

@@ -32,6 +32,7 @@
 #include "common/vector_memory.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/mxfp4_decode.cuh"
+#include "moe/mxfp8_activations.h"
 #include "moe/routing.cuh"
 #include "moe/stream_workspace.h"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
@@ -168,13 +169,43 @@ __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int 
   return w;
 }
 
+// W4A8: a lane's 32 activations of one MXFP4 piece -- one MXFP8 block, whatever their k order
+// within each 8 -- quantized in place as moe/mxfp8_activations.h defines; the results are bf16
+// values and go through the same bf16 MMAs. From sm_89 on, the hardware's e4m3 conversion rounds
+// (to nearest even, never saturating here since no value exceeds 448).
+__device__ __forceinline__ void quantize_mxfp8_block(u32 (&b)[16]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fmaxf(__uint_as_float((b[i] << 16) & 0x7FFF0000u), __uint_as_float(b[i] & 0x7FFF0000u)));
+  const int s = kiln_mxfp8_exponent(amax);
+  const float down = kiln_pow2(-s), up = kiln_pow2(s);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float lo = __uint_as_float(b[i] << 16) * down, hi = __uint_as_float(b[i] & 0xFFFF0000u) * down;
+#if __CUDA_ARCH__ >= 890
+    unsigned short q;
+    unsigned halves;
+    float q_lo, q_hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(hi), "f"(lo));  // hi in the upper byte
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(q));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(q_lo) : "h"(static_cast<unsigned short>(halves & 0xFFFFu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(q_hi) : "h"(static_cast<unsigned short>(halves >> 16)));
+#else
+    const float q_lo = kiln_round_to_e4m3(lo), q_hi = kiln_round_to_e4m3(hi);
+#endif
+    // q 2^s is a bf16 value: keeping the upper half of its f32 bits is exact.
+    b[i] = (__float_as_uint(q_hi * up) & 0xFFFF0000u) | (__float_as_uint(q_lo * up) >> 16);
+  }
+}
+
 // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's up
 // reads the caller's x (read-only: the non-coherent path); MXFP4's up the reordered copy (a
 // generic load: this CTA's shared memory or the workspace), and down act, both written earlier in
 // this launch: plain weak loads, ordered by the barrier since, which the L1 may serve (every lane
 // of a warp reads the same few rows).
-template <int kFormat, bool kUp>
+template <int kFormat, bool kUp, bool kActMxfp8>
 __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(const MoeMmaTile& tile, int piece, int pieces) {
+  static_assert(!kActMxfp8 || kFormat != kWeightsBf16, "W4A8 takes MXFP4 weights: a piece is one 32-value block");
   using Acts = MoeStepActivations<kFormat>;
   Acts a;
   const bf16* b = tile.b_row + Acts::kPieceValues * min(piece, pieces - 1);
@@ -197,6 +228,7 @@ __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(con
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.b[4 * q + i] = v.w[i];
   }
+  if constexpr (kActMxfp8) quantize_mxfp8_block(a.b);
   return a;
 }
 
@@ -255,7 +287,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
 // (down), the phase takes the grid barrier once its first weight copies are issued. up's B is `x` (rows
 // of H: the caller's x, or for MXFP4 its reordered copy); act is bf16 (one row of I per pair, in
 // MXFP4's k order for MXFP4), y f32 (one row of H per pair).
-template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, int kWarps = kiln_moe_stream_warps(kFormat)>
+template <bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, bool kActMxfp8,
+          int kWarps = kiln_moe_stream_warps(kFormat)>
 __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, const MoeChunk* chunk_table, const int* pair_start,
                               const int* pairs, bool local_pairs, const bf16* x, long long x_row_stride, bf16* act, float* y,
                               float (*partials)[kWarps][kWarp][4], unsigned ring, bool barrier_after_first_copies) {
@@ -397,12 +430,12 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   if (barrier_after_first_copies) grid_barrier_wait(barrier_arrival);
 
   MoeMmaTile next = make_tile(global_tile(tile + 1), true);
-  Acts acts = load_step_activations<kFormat, kUp>(current, 4 * step + t, pieces);
+  Acts acts = load_step_activations<kFormat, kUp, kActMxfp8>(current, 4 * step + t, pieces);
   MoeStepWeights loaded;  // bf16: this step's weights, loaded one step ahead
   if (!kRing) loaded = load_step_weights(current, hi, 4 * step + t, pieces, weight_policy);
   // One step: loads the following step's activations (and bf16 weights) from `ahead_tile` first.
   auto compute_step = [&](float(&acc)[4], int step, const MoeMmaTile& ahead_tile, int ahead_piece) {
-    const Acts acts_ahead = load_step_activations<kFormat, kUp>(ahead_tile, ahead_piece, pieces);
+    const Acts acts_ahead = load_step_activations<kFormat, kUp, kActMxfp8>(ahead_tile, ahead_piece, pieces);
     MoeStepWeights w;
     if (kRing) {
       copy_ahead();
@@ -468,7 +501,7 @@ __device__ void moe_mma_phase(const KilnMoeParams& p, const int* chunk_start, co
   }
 }
 
-template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2>
+template <int kFormat, int kActivation, int kLayout, int kRouting, bool kLogitsBf16, int kBias13, int kBias2, bool kActMxfp8>
 __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe_apply_stream(const __grid_constant__ KilnMoeParams p) {
   constexpr int kWarps = kiln_moe_stream_warps(kFormat);
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
@@ -500,7 +533,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   tensor_cores = kFormat == kWeightsBf16
                      ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
-                     : p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
+                     : !kActMxfp8 && p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
 #endif
   // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
   // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
@@ -670,9 +703,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     // kernel's rings ran 11% slower 80 bytes past one than at 0, 32, 64 or 96.
     const unsigned ring = shared_address(align_shared<128>(moe_dynamic)) + (threadIdx.x / kWarp) * kMoeRingStages * kMoeRingStageBytes;
     if (!local) grid_barrier();
-    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2>(
+    moe_mma_phase<true, kFormat, kActivation, kLayout, kBias13, kBias2, kActMxfp8>(
         p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride, act16, y, partials, ring, false);
-    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2>(
+    moe_mma_phase<false, kFormat, kActivation, kLayout, kBias13, kBias2, kActMxfp8>(
         p, chunk_start, chunk_table, pair_start, local ? local_pairs : pairs, local, x, x_row_stride, act16, y, partials, ring, true);
   }
   grid_barrier();

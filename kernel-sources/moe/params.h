@@ -33,6 +33,7 @@ struct KilnMoeParams {
   int num_experts;   // E
   int top_k;
   int renormalize;
+  int activations_mxfp8;  // 1: W4A8, x and act quantized to MXFP8 (moe/mxfp8_activations.h)
   // Zero-filled scratch that kiln allocates on the call's stream for kernels that ask for it
   // (KernelSpec::workspace_bytes); null otherwise.
   void* workspace;

@@ -204,7 +204,8 @@ APPEND_ARGS = ArgBlock([("k", "tensor"), ("v", "tensor"), ("slot_mapping", "tens
 MOE_ARGS = ArgBlock([("x", "tensor"), ("out", "tensor"), ("router_logits", "tensor"), ("topk_ids", "tensor"),
                      ("topk_weights", "tensor"), ("top_k", "i32"), ("routing", "i32"), ("renormalize", "i32"), ("w13", "tensor"),
                      ("w13_scale", "tensor"), ("w13_bias", "tensor"), ("w2", "tensor"), ("w2_scale", "tensor"),
-                     ("w2_bias", "tensor"), ("activation", "i32"), ("gate_up_layout", "i32")])
+                     ("w2_bias", "tensor"), ("activation", "i32"), ("gate_up_layout", "i32"),
+                     ("activation_dtype", "i32")])
 SINGLE_TENSOR = ArgBlock([("weights", "tensor")])
 
 

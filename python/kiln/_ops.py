@@ -11,6 +11,8 @@ from ._tensors import KILN_DTYPE_NAMES, descriptor
 ROUTINGS = {"topk_softmax": 0, "softmax_topk": 1}
 ACTIVATIONS = {"silu_glu": 0, "swiglu_clamped": 1}
 GATE_UP_LAYOUTS = {"concatenated": 0, "interleaved": 1}
+# W4A8: "e4m3" quantizes moe_apply's activations to MXFP8 inside the kernel (MXFP4 weights only).
+ACTIVATION_DTYPES = {"bf16": KILN_DTYPE_NAMES["bf16"], "e4m3": KILN_DTYPE_NAMES["e4m3"]}
 WEIGHT_FORMATS = ("auto", "mxfp4", "mxfp4_prepared")
 
 
@@ -136,9 +138,9 @@ def kv_cache_append(k, v, slot_mapping, k_cache, v_cache, *, k_scale=None, v_sca
 
 def moe_apply(x, out, w13, w2, *, top_k, router_logits=None, topk_ids=None, topk_weights=None, routing="topk_softmax",
               renormalize=True, w13_scale=None, w13_bias=None, w2_scale=None, w2_bias=None, activation="silu_glu",
-              gate_up_layout="concatenated", weight_format="auto", stream=None):
+              gate_up_layout="concatenated", weight_format="auto", activation_dtype="bf16", stream=None):
     """Mixture of experts; writes `out`. weight_format "mxfp4" or "mxfp4_prepared" reads uint8
-    w13/w2 as packed e2m1 pairs and their scales as e8m0."""
+    w13/w2 as packed e2m1 pairs and their scales as e8m0; activation_dtype "e4m3" with them is W4A8."""
     s = stream_handle(stream)
     t = _Descriptors(s)
     wdt, sdt = moe_weight_dtypes(weight_format)
@@ -147,7 +149,8 @@ def moe_apply(x, out, w13, w2, *, top_k, router_logits=None, topk_ids=None, topk
                                int(bool(renormalize)), t(w13, "w13", wdt), t(w13_scale, "w13_scale", sdt),
                                t(w13_bias, "w13_bias"), t(w2, "w2", wdt), t(w2_scale, "w2_scale", sdt), t(w2_bias, "w2_bias"),
                                choice(ACTIVATIONS, activation, "activation"),
-                               choice(GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout")))
+                               choice(GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout"),
+                               choice(ACTIVATION_DTYPES, activation_dtype, "activation_dtype")))
     _capi.check(_capi.lib.kiln_moe_apply(buf, s))
 
 

@@ -36,7 +36,8 @@ _EXTEND_OPTIONS = f"Tensor? sinks=None, {_ATTENTION_OPTIONS}, bool causal=True, 
 _MOE_INPUTS = "Tensor x, Tensor w13, Tensor w2, int top_k"
 _MOE_OPTIONS = ("Tensor? router_logits=None, Tensor? topk_ids=None, Tensor? topk_weights=None, str routing='topk_softmax', "
                 "bool renormalize=True, Tensor? w13_scale=None, Tensor? w13_bias=None, Tensor? w2_scale=None, "
-                "Tensor? w2_bias=None, str activation='silu_glu', str gate_up_layout='concatenated', str weight_format='auto'")
+                "Tensor? w2_bias=None, str activation='silu_glu', str gate_up_layout='concatenated', str weight_format='auto', "
+                "str activation_dtype='bf16'")
 
 _SCHEMAS = {
     "mha_prefill": f"({_PREFILL_INPUTS}, *, {_PREFILL_OPTIONS}) -> Tensor",
@@ -121,7 +122,7 @@ _W13, _W13_SCALE, _W2, _W2_SCALE = (_capi.MOE_ARGS.index(n) for n in ("w13", "w1
 
 def _moe_out(x, w13, w2, top_k, *, out, router_logits=None, topk_ids=None, topk_weights=None, routing="topk_softmax",
              renormalize=True, w13_scale=None, w13_bias=None, w2_scale=None, w2_bias=None, activation="silu_glu",
-             gate_up_layout="concatenated", weight_format="auto"):
+             gate_up_layout="concatenated", weight_format="auto", activation_dtype="bf16"):
     forced = None
     codes, scales = _ops.moe_weight_dtypes(weight_format)
     if codes is not None:
@@ -131,7 +132,8 @@ def _moe_out(x, w13, w2, top_k, *, out, router_logits=None, topk_ids=None, topk_
     buf = _packed(_capi.MOE_ARGS, (x, out, router_logits, topk_ids, topk_weights, top_k,
                                    _ops.choice(_ops.ROUTINGS, routing, "routing"), int(renormalize), w13, w13_scale, w13_bias, w2,
                                    w2_scale, w2_bias, _ops.choice(_ops.ACTIVATIONS, activation, "activation"),
-                                   _ops.choice(_ops.GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout")), forced)
+                                   _ops.choice(_ops.GATE_UP_LAYOUTS, gate_up_layout, "gate_up_layout"),
+                                   _ops.choice(_ops.ACTIVATION_DTYPES, activation_dtype, "activation_dtype")), forced)
     _capi.check(_capi.lib.kiln_moe_apply(buf, _stream(x)))
 
 

@@ -69,9 +69,19 @@ def dequantize_mxfp4(packed, scales):
     return values * scale
 
 
-def moe_reference(x, w13, w2, logits, top_k, b13, b2):
-    """GPT-OSS routing (top-k, then softmax over those), clamped SwiGLU, interleaved gate/up."""
-    x = x.double()
+def mxfp8(values):
+    """W4A8's activation quantization, modelled with torch's own e4m3 rounding: blocks of 32 along
+    the last dimension, each scaled by the least power of two that leaves nothing above 448."""
+    blocks = values.double().unflatten(-1, (-1, 32))
+    mantissa, exponent = torch.frexp(blocks.abs().amax(-1, keepdim=True) / 448)
+    scale = torch.pow(2.0, (exponent - (mantissa == 0.5).long()).clamp(-126, 127).double())
+    return ((blocks / scale).to(torch.float8_e4m3fn).double() * scale).flatten(-2)
+
+
+def moe_reference(x, w13, w2, logits, top_k, b13, b2, w4a8=False):
+    """GPT-OSS routing (top-k, then softmax over those), clamped SwiGLU, interleaved gate/up. w4a8:
+    x, and act rounded to bf16, quantized to MXFP8 before their projections."""
+    x = mxfp8(x) if w4a8 else x.double()
     weights, ids = torch.topk(logits.double(), top_k, dim=-1)
     weights = torch.softmax(weights, dim=-1)
     out = torch.zeros_like(x)
@@ -80,6 +90,8 @@ def moe_reference(x, w13, w2, logits, top_k, b13, b2):
         h = torch.einsum("th,tnh->tn", x, w13[e]) + b13[e]
         gate, up = h[:, 0::2].clamp(max=7.0), h[:, 1::2].clamp(-7.0, 7.0)
         act = gate * torch.sigmoid(1.702 * gate) * (up + 1)
+        if w4a8:
+            act = mxfp8(act.to(torch.bfloat16))
         y = torch.einsum("ti,thi->th", act, w2[e]) + b2[e]
         out += weights[:, j:j + 1] * y
     return out
@@ -282,6 +294,24 @@ def test_moe_mxfp4_and_bf16_match_float64_and_prepared_is_bit_identical(tokens):
     assert relative_error(prepared, ref) < 1e-2
     if tokens <= MOE_DETERMINISTIC_TOKENS:
         assert torch.equal(prepared, out)
+
+
+@pytest.mark.parametrize("tokens", [1, 17, 300])
+def test_moe_w4a8_matches_its_quantized_float64_model(tokens):
+    x, logits, w13c, w13s, w2c, w2s, b13, b2 = moe_problem(tokens)
+    w13, w2 = dequantize_mxfp4(w13c, w13s), dequantize_mxfp4(w2c, w2s)
+    ref = moe_reference(x, w13, w2, logits, 4, b13.double(), b2.double(), w4a8=True)
+    unquantized = moe_reference(x, w13, w2, logits, 4, b13.double(), b2.double())
+    for weight_format, w13q, w2q in (("mxfp4", w13c, w2c),
+                                     ("mxfp4_prepared", kt.moe_prepare_weights(w13c.clone()), kt.moe_prepare_weights(w2c.clone()))):
+        out = poisoned(x.shape, torch.bfloat16)
+        kt.moe_apply(x, w13q, w2q, 4, out=out, router_logits=logits, w13_scale=w13s, w2_scale=w2s, w13_bias=b13, w2_bias=b2,
+                     weight_format=weight_format, activation_dtype="e4m3", **GPT_OSS_MOE)
+        torch.cuda.synchronize()
+        assert relative_error(out, ref) < 1e-2
+        assert 4 * relative_error(out, ref) < relative_error(out, unquantized)  # the quantization ran
+    with pytest.raises(kiln.InvalidArgumentError, match="activation_dtype: e4m3 .W4A8. needs MXFP4 weights"):
+        torch.ops.kiln.moe_apply(x, w13.to(torch.bfloat16), w2.to(torch.bfloat16), 4, router_logits=logits, activation_dtype="e4m3")
 
 
 # moe.apply.stream lists each expert's (token, slot) pairs with global atomics above this many

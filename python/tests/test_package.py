@@ -84,7 +84,7 @@ def test_moe_choices_are_checked_by_name():
     w2 = torch.randn(2, 128, 128, dtype=torch.bfloat16)
     logits = torch.randn(4, 2)
     for option, value in [("routing", "bogus"), ("activation", "relu"), ("gate_up_layout", "diagonal"),
-                          ("weight_format", "int3")]:
+                          ("weight_format", "int3"), ("activation_dtype", "e5m2")]:
         with pytest.raises(kiln.InvalidArgumentError, match=option):
             torch.ops.kiln.moe_apply(x, w13, w2, 1, router_logits=logits, **{option: value})
 

@@ -198,6 +198,7 @@ kiln::MoeArgs to_cpp(const kiln_moe_args* a) {
   args.w2_bias = view(a->w2_bias, "w2_bias");
   args.activation = static_cast<kiln::MoeActivation>(a->activation);
   args.gate_up_layout = static_cast<kiln::GateUpLayout>(a->gate_up_layout);
+  args.activation_dtype = a->activation_dtype == 0 ? kiln::DType::kBF16 : static_cast<kiln::DType>(a->activation_dtype);
   return args;
 }
 

@@ -37,8 +37,9 @@ bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   const long long per16 = mxfp4 ? 16 : 8;  // stored elements in 16 bytes
   const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % per16 == 0 &&
                        p.w13_expert_stride % per16 == 0 && p.w2_row_stride % per16 == 0 && p.w2_expert_stride % per16 == 0;
-  const bool enough =
-      mxfp4 ? p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+  // W4A8 (MXFP8 activations) runs the streaming phases at every T: the GEMMs take bf16 operands as stored.
+  const bool enough = mxfp4 ? p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && p.activations_mxfp8 == 0
+                            : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
   return platform.has_feature("mma:wgmma") && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 && enough;
 }
 

@@ -40,6 +40,9 @@ void validate(const MoeArgs& a) {
     invalid_argument(
         fmt::format("gate_up_layout: must be 0 (concatenated) or 1 (interleaved), got {}", static_cast<int>(a.gate_up_layout)));
 
+  if (a.activation_dtype != DType::kBF16 && a.activation_dtype != DType::kF8E4M3)
+    invalid_argument(fmt::format("activation_dtype: must be bf16 or e4m3 (W4A8), got {}", dtype_name(a.activation_dtype)));
+
   // Weights decide E and I.
   // w2 in w13's format: prepared MXFP4 weights (moe_prepare_weights) both prepared.
   const std::initializer_list<DType> weight_types = {DType::kBF16, DType::kF4E2M1x2, DType::kF4E2M1x2Prepared};
@@ -55,6 +58,8 @@ void validate(const MoeArgs& a) {
   check_dim(a.w13, "w13", 2, hidden / pack, mxfp4 ? "H / 2 (packed e2m1)" : "x's hidden size H");
   check_dim(a.w2, "w2", 0, experts, "w13's expert count E");
   check_dim(a.w2, "w2", 1, hidden, "x's hidden size H");
+  if (a.activation_dtype == DType::kF8E4M3 && !mxfp4)
+    invalid_argument(fmt::format("activation_dtype: e4m3 (W4A8) needs MXFP4 weights (e2m1x2), got w13 in {}", dtype_name(a.w13.dtype)));
   if (mxfp4) {
     if (hidden % 32 != 0) invalid_argument(fmt::format("x: hidden size H = {} must be a multiple of 32 for MXFP4 weights", hidden));
     if (inter % 32 != 0) invalid_argument(fmt::format("w13: intermediate size I = {} must be a multiple of 32 for MXFP4 weights", inter));
@@ -162,6 +167,7 @@ void moe_apply(const MoeArgs& a, Stream stream) {
   p.num_experts = static_cast<int>(a.w13.size(0));
   p.top_k = a.top_k;
   p.renormalize = a.renormalize ? 1 : 0;
+  p.activations_mxfp8 = a.activation_dtype == DType::kF8E4M3 ? 1 : 0;
   if (a.x.numel() == 0) return;
   detail::OperatorCall call{detail::moe_signature_table().call_key(a),
                             [](const void* x) { return signature_of(*static_cast<const MoeArgs*>(x)); },

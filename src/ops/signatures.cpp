@@ -96,7 +96,7 @@ const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table() {
   return table;
 }
 
-const SignatureTable<MoeArgs, 13>& moe_signature_table() {
+const SignatureTable<MoeArgs, 14>& moe_signature_table() {
   static const auto table = signature_table<MoeArgs>(
       {kFamilyMoe, kModeApply}, Moe{"dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.x.dtype); }, dtype_text},
       Moe{"weights", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.w13.dtype); }, weights_text},
@@ -111,7 +111,10 @@ const SignatureTable<MoeArgs, 13>& moe_signature_table() {
       Moe{"activation", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.activation); }, activation_text},
       Moe{"layout", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.gate_up_layout); }, layout_text},
       Moe{"w13_bias", kName, [](const MoeArgs& a) { return dtype_or_none(a.w13_bias); }, dtype_or_none_text},
-      Moe{"w2_bias", kName, [](const MoeArgs& a) { return dtype_or_none(a.w2_bias); }, dtype_or_none_text});
+      Moe{"w2_bias", kName, [](const MoeArgs& a) { return dtype_or_none(a.w2_bias); }, dtype_or_none_text},
+      // Only W4A8 calls carry it: bf16 activations keep the signatures (and cache keys) they had.
+      Moe{"act_dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.activation_dtype); }, dtype_text,
+          [](const MoeArgs& a) { return a.activation_dtype != DType::kBF16; }});
   return table;
 }
 

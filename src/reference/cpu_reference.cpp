@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "moe/mxfp8_activations.h"
+
 namespace kiln::reference {
 namespace {
 
@@ -97,6 +99,29 @@ AttentionResult decode_reference(const DecodeProblem& p) {
   return r;
 }
 
+namespace {
+
+// A row of n values (n a multiple of 32) as W4A8 uses it: each block of 32 quantized to MXFP8.
+std::vector<double> mxfp8_row(const double* values, size_t n) {
+  std::vector<double> out(n);
+  for (size_t b = 0; b < n; b += 32) {
+    float amax = 0.0f;
+    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(static_cast<float>(values[i])));
+    const int s = kiln_mxfp8_exponent(amax);
+    for (size_t i = b; i < b + 32; ++i) out[i] = kiln_mxfp8_value(static_cast<float>(values[i]), s);
+  }
+  return out;
+}
+
+// v rounded to bf16 (to nearest, ties to even), as the kernels store act.
+double round_to_bf16(double v) {
+  const unsigned bits = kiln_float_bits(static_cast<float>(v));
+  if ((bits & 0x7F800000u) == 0x7F800000u) return static_cast<float>(v);
+  return kiln_bits_float((bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+}  // namespace
+
 std::vector<double> moe_apply_reference(const MoeProblem& p) {
   const size_t H = static_cast<size_t>(p.hidden), I = static_cast<size_t>(p.inter), E = static_cast<size_t>(p.experts);
   std::vector<double> out(static_cast<size_t>(p.tokens) * H, 0.0);
@@ -125,7 +150,8 @@ std::vector<double> moe_apply_reference(const MoeProblem& p) {
       const double norm = (p.routing == 0 || p.renormalize) ? chosen : all;
       for (auto& w : weights) w /= norm;
     }
-    const double* x = &p.x[t * H];
+    const std::vector<double> x_used = p.mxfp8_activations ? mxfp8_row(&p.x[t * H], H) : std::vector<double>();
+    const double* x = p.mxfp8_activations ? x_used.data() : &p.x[t * H];
     for (size_t j = 0; j < ids.size(); ++j) {
       const size_t e = static_cast<size_t>(ids[j]);
       std::vector<double> act(I);
@@ -147,6 +173,10 @@ std::vector<double> moe_apply_reference(const MoeProblem& p) {
         } else {
           act[r] = gate / (1 + std::exp(-gate)) * up;
         }
+      }
+      if (p.mxfp8_activations) {
+        for (double& a : act) a = round_to_bf16(a);
+        act = mxfp8_row(act.data(), I);
       }
       for (size_t h = 0; h < H; ++h) {
         double s = 0;

@@ -50,6 +50,9 @@ struct MoeProblem {
   int tokens = 0, hidden = 0, inter = 0, experts = 0, top_k = 0;
   int activation = 0;  // 0 SiLU-GLU, 1 clamped SwiGLU
   bool interleaved = false;
+  // W4A8: x, and act rounded to bf16, quantized to MXFP8 as the kernels do
+  // (kernel-sources/moe/mxfp8_activations.h) before each projection.
+  bool mxfp8_activations = false;
 };
 std::vector<double> moe_apply_reference(const MoeProblem& p);  // [T, H]
 

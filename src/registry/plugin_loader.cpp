@@ -101,12 +101,27 @@ std::optional<std::string> ask_accepts(AcceptsFn accepts, const Signature& sig) 
   return std::string(reason[0] ? reason : "refused by plugin (no reason given)");
 }
 
+// Properties a call carries only when it opts into other numerics (moe_apply's act_dtype=e4m3,
+// W4A8). A plugin kernel written before them would otherwise take such a call and compute the
+// default numerics silently: it runs one only where its constraints name the property.
+std::optional<std::string> undeclared_opt_in(const Signature& sig, const std::set<std::string>& constrained) {
+  for (const char* key : {"act_dtype"}) {
+    if (sig.has(key) && !constrained.count(key)) {
+      return fmt::format("{}={} needs a kernel whose signature constraints name {}", key, sig.get(key), key);
+    }
+  }
+  return std::nullopt;
+}
+
 KernelSpec spec_from_plugin(const std::string& path, const kiln_plugin_kernel& k, uint32_t index) {
   KernelSpec spec = spec_from_fields(
       path, {k.name, k.family, k.mode, k.vendor, k.min_arch, k.max_arch, k.features, k.priority, k.specificity, k.source}, index);
   const std::string name_expression = required(path, k.name_expression, index, "name_expression");
   if (k.accepts == nullptr) throw plugin_error(path, fmt::format("kernel '{}': accepts is missing", spec.name));
-  spec.accepts = [accepts = k.accepts](const Signature& sig) { return ask_accepts(accepts, sig); };
+  spec.accepts = [accepts = k.accepts](const Signature& sig) -> std::optional<std::string> {
+    if (auto why = undeclared_opt_in(sig, {})) return why;
+    return ask_accepts(accepts, sig);
+  };
   if (k.launch_shape == nullptr) throw plugin_error(path, fmt::format("kernel '{}': launch_shape is missing", spec.name));
   auto launch_shape = k.launch_shape;
   const std::string kernel_name = spec.name;
@@ -162,7 +177,10 @@ KernelSpec spec_from_plugin_v2(const std::string& path, const kiln_plugin_kernel
       path, {k.name, k.family, k.mode, k.vendor, k.min_arch, k.max_arch, k.features, k.priority, k.specificity, k.source}, index);
   const std::string kernel_name = spec.name;
   const SignatureConstraints constraints = parse_constraints(path, kernel_name, k.signatures);
-  spec.accepts = [constraints, accepts = k.accepts](const Signature& sig) -> std::optional<std::string> {
+  std::set<std::string> constrained;
+  for (const auto& constraint : constraints) constrained.insert(constraint.first);
+  spec.accepts = [constraints, constrained, accepts = k.accepts](const Signature& sig) -> std::optional<std::string> {
+    if (auto why = undeclared_opt_in(sig, constrained)) return why;
     if (auto why = constraint_problem(constraints, sig)) return why;
     return accepts != nullptr ? ask_accepts(accepts, sig) : std::nullopt;
   };

@@ -330,6 +330,9 @@ class MoeProblem : public Problem {
     }
     mxfp4_ = weights != "bf16";
     prepared_ = weights == "mxfp4_prepared";
+    const std::string act_dtype = s.text("act", "bf16");
+    if (act_dtype != "bf16" && act_dtype != "e4m3") throw Error(ErrorCode::kInvalidArgument, "--shape: act must be bf16 or e4m3 (W4A8)");
+    act_e4m3_ = act_dtype == "e4m3";
     const std::string routing = s.text("routing", "topk_softmax");
     routing_ = routing == "topk_softmax" ? 0 : routing == "softmax_topk" ? 1 : routing == "precomputed" ? 2 : -1;
     if (routing_ < 0) throw Error(ErrorCode::kInvalidArgument, "--shape: routing must be topk_softmax, softmax_topk or precomputed");
@@ -407,6 +410,7 @@ class MoeProblem : public Problem {
     h.routing = routing_ == 1 ? 1 : 0;
     h.activation = swiglu_ ? 1 : 0;
     h.interleaved = interleaved_;
+    h.mxfp8_activations = act_e4m3_;
     const auto x = random_half(rng, T * H, DType::kBF16, 1.0f, h.x);
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::vector<float> logits, weights;
@@ -514,6 +518,7 @@ class MoeProblem : public Problem {
     }
     a.activation = swiglu_ ? MoeActivation::kSwigluClamped : MoeActivation::kSiluGlu;
     a.gate_up_layout = interleaved_ ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+    a.activation_dtype = act_e4m3_ ? DType::kF8E4M3 : DType::kBF16;
     if (first) {
       // Experts the routing actually chose: the weight bytes a call must read.
       std::set<int> used(ids.begin(), ids.end());
@@ -544,7 +549,7 @@ class MoeProblem : public Problem {
     }
     return bytes;
   }
-  bool mxfp4_, prepared_ = false, swiglu_, interleaved_, bias_, bias_bf16_, logits_bf16_, renormalize_;
+  bool mxfp4_, prepared_ = false, act_e4m3_ = false, swiglu_, interleaved_, bias_, bias_bf16_, logits_bf16_, renormalize_;
   reference::MoeProblem host_;
   std::vector<Set> sets_;
 };
@@ -572,6 +577,7 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
                                   get("routing"), get("activation"), get("layout"), get("w13_bias"));
   if (f.count("logits")) shape += ",logits=" + get("logits");
   if (f.count("renormalize")) shape += ",renormalize=" + get("renormalize");
+  if (f.count("act_dtype")) shape += ",act=" + get("act_dtype");
   return shape;
 }
 

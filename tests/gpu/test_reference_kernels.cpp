@@ -1117,14 +1117,15 @@ struct MoeCase {
   int activation;
   bool interleaved;
   bool bias;
-  bool all_to_one;  // precomputed: every token to expert 3
+  bool all_to_one;    // precomputed: every token to expert 3
+  bool w4a8 = false;  // activations quantized to MXFP8 (activation_dtype e4m3); MXFP4 weights
 };
 
 std::string describe(const MoeCase& c) {
   return "moe mxfp4=" + std::to_string(c.mxfp4) + " T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) +
          " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
          " routing=" + std::to_string(c.routing) + " act=" + std::to_string(c.activation) +
-         " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias);
+         " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias) + " w4a8=" + std::to_string(c.w4a8);
 }
 
 void run_moe(std::mt19937& rng, const MoeCase& c) {
@@ -1177,7 +1178,13 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
     p.w13_bias.assign(b13_f.begin(), b13_f.end());
     p.w2_bias.assign(b2_f.begin(), b2_f.end());
   }
+  p.mxfp8_activations = c.w4a8;
   const std::vector<double> ref = moe_apply_reference(p);
+  std::vector<double> ref_bf16_activations;  // W4A8: what skipping the quantization would give
+  if (c.w4a8) {
+    p.mxfp8_activations = false;
+    ref_bf16_activations = moe_apply_reference(p);
+  }
 
   auto x = DeviceBuffer::from(x_bits), logits = DeviceBuffer::from(logits_f), idb = DeviceBuffer::from(ids),
        wb = DeviceBuffer::from(weights_f);
@@ -1215,12 +1222,18 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
   }
   a.activation = c.activation == 0 ? MoeActivation::kSiluGlu : MoeActivation::kSwigluClamped;
   a.gate_up_layout = c.interleaved ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+  a.activation_dtype = c.w4a8 ? DType::kF8E4M3 : DType::kBF16;
   moe_apply(a, nullptr);
   synchronize();
   std::vector<double> got(T * H);
   const auto bits = out.to_host<uint16_t>(T * H);
   for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(bits[i]);
   EXPECT_LT(relative_error(got, ref), 1e-2) << describe(c);
+  if (c.w4a8) {
+    // The quantization happened: the model of it is several times closer than bf16 activations.
+    const double modelled = relative_error(got, ref), unquantized = relative_error(got, ref_bf16_activations);
+    EXPECT_LT(4 * modelled, unquantized) << describe(c) << ": against the quantized model " << modelled << ", without it " << unquantized;
+  }
   if (c.mxfp4) {  // the same weights prepared on the device (moe_prepare_weights): the same bits out
     a.w13 = moe_prepare_weights(a.w13, nullptr);
     a.w2 = moe_prepare_weights(a.w2, nullptr);
@@ -1567,6 +1580,40 @@ TEST_F(Gpu, MoeMxfp4GroupedGemmMatchesFloat64) {
   for (const auto& c : cases) run_moe_case(rng, c);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "");
   unsetenv("KILN_POISON_WORKSPACE");
+}
+
+// W4A8 (activations quantized to MXFP8 in the kernel) against the float64 reference that models
+// the same quantization: standard and prepared weights (run_moe prepares them too), T from 1 to
+// 1000, biases, all three routings, both activations and gate/up layouts, every token on one
+// expert; then the same cases on the portable reference kernel.
+TEST_F(Gpu, MoeW4a8MatchesFloat64) {
+  auto w4a8_case = [](int tokens, int hidden, int inter, int experts, int top_k, int routing, int activation, bool interleaved, bool bias,
+                      bool all_to_one) {
+    return MoeCase{.mxfp4 = true,
+                   .tokens = tokens,
+                   .hidden = hidden,
+                   .inter = inter,
+                   .experts = experts,
+                   .top_k = top_k,
+                   .routing = routing,
+                   .renormalize = true,
+                   .activation = activation,
+                   .interleaved = interleaved,
+                   .bias = bias,
+                   .all_to_one = all_to_one,
+                   .w4a8 = true};
+  };
+  const std::vector<MoeCase> cases = {
+      w4a8_case(1, 2880, 256, 8, 4, 0, 1, true, true, false),    w4a8_case(3, 128, 64, 8, 2, 1, 0, false, false, false),
+      w4a8_case(17, 256, 96, 16, 4, 2, 1, true, true, true),     w4a8_case(64, 192, 128, 8, 2, 0, 0, false, true, false),
+      w4a8_case(1000, 256, 128, 16, 4, 1, 1, true, true, false),
+  };
+  for (const auto& c : cases) run_moe_case(rng, c);
+  Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.reference");
+  for (const auto& c : cases) {
+    if (c.tokens <= 64) run_moe_case(rng, c);
+  }
+  Registry::global().set_override({kFamilyMoe, kModeApply}, "");
 }
 
 // One MXFP4 weight matrix [rows, cols] of zero codes, every block scaled by `scale`.
