@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "backends/backend.hpp"
@@ -92,6 +93,33 @@ TEST(Compile, EveryKernelForEveryClaimedTarget) {
   }
   for (auto& j : jobs) EXPECT_EQ(j.get(), "");
   EXPECT_GE(compiled, 3 * 5) << "each reference kernel claims sm_80 .. sm_120a";
+}
+
+// W4A8 (act_dtype=e4m3) in the MoE kernels that take it, for every target each claims: the
+// streaming kernel rounds with the hardware's e4m3 conversion from sm_89 on and in integer code
+// before it, and on sm_90a keeps its grouped GEMMs out of the W4A8 instance.
+TEST(Compile, W4a8ForEveryClaimedTarget) {
+  Signature sig = test::moe_signature("mxfp4_prepared", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  sig.set("act_dtype", "e4m3");
+  std::vector<std::future<std::string>> jobs;
+  std::set<std::string> kernels;
+  for (const auto& target : known_targets()) {
+    const Platform p = platform_for_target(target);
+    for (const auto& c : Registry::global().explain(sig, p).candidates) {
+      const auto spec = Registry::global().find(c.kernel);
+      if (!c.eligible || spec->origin != "builtin" || spec->backend != Backend::kCuda) continue;
+      kernels.insert(c.kernel);
+      jobs.push_back(std::async(std::launch::async, [spec, sig, p]() -> std::string {
+        const auto binary = detail::get_or_compile(detail::build_request(*spec, sig, p));
+        const auto& lowered = binary->result.lowered_name;
+        // The instance's last template argument is act_mxfp8 = true ("Lb1EE" in its mangled name).
+        if (lowered.find("Lb1EEEv") == std::string::npos) return spec->name + " " + p.arch + ": not the W4A8 instance: " + lowered;
+        return contains(binary->result.binary, lowered) ? "" : spec->name + " " + p.arch + ": entry not in the binary";
+      }));
+    }
+  }
+  for (auto& j : jobs) EXPECT_EQ(j.get(), "");
+  EXPECT_EQ(kernels, (std::set<std::string>{"moe.apply.reference", "moe.apply.stream"}));
 }
 
 TEST(Compile, SameKeyCompilesOncePerProcess) {

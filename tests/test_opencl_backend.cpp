@@ -20,6 +20,7 @@
 
 #include "backends/backend.hpp"
 #include "kiln/kiln.hpp"
+#include "reference/cpu_reference.hpp"
 #include "tools/number_formats.hpp"
 
 namespace kiln {
@@ -113,6 +114,10 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       {"moe_apply", "tokens=6,hidden=128,inter=64,experts=8,top_k=2,routing=precomputed,weights=mxfp4,bias=f32"},
       {"moe_apply",
        "tokens=6,hidden=128,inter=64,experts=8,top_k=2,weights=mxfp4_prepared,bias=bf16,activation=swiglu_clamped,layout=interleaved"},
+      {"moe_apply", "tokens=9,hidden=256,inter=96,experts=8,top_k=4,weights=mxfp4,bias=f32,act=e4m3"},
+      {"moe_apply",
+       "tokens=3,hidden=128,inter=64,experts=4,top_k=2,weights=mxfp4_prepared,bias=bf16,activation=swiglu_clamped,layout=interleaved,"
+       "routing=precomputed,act=e4m3"},
   };
   for (const auto& [op, shape] : problems) {
     int rc = 0;
@@ -125,6 +130,9 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       // The tiled kernel (K and V tiles in local memory, shared by 16 rows) against the one-row one.
       EXPECT_EQ(j["kernel"], "opencl.attention.prefill.tiled") << out;
       EXPECT_EQ(j["reference"], "opencl.attention.prefill") << out;
+    }
+    if (op == "moe_apply") {  // W4A8 (act=e4m3) on its own entry
+      EXPECT_EQ(j["kernel"], shape.find("act=e4m3") != std::string::npos ? "opencl.moe.apply.w4a8" : "opencl.moe.apply") << out;
     }
     if (op == "mha_decode_with_kvcache") {
       // The split kernel (a workspace for its partial states) against the one-row reference.
@@ -184,13 +192,15 @@ TEST_F(OpenclBackend, WarmsAModelForItsTargetCompilesAndBenches) {
   ASSERT_EQ(rc, 0) << out;
   j = json::parse(out.substr(out.find('{')));
   EXPECT_GT(j["median_ms"].get<double>(), 0.0) << out;
-  // W4A8 asks for other numerics by name; the plugin's MoE kernel does not name act_dtype among
-  // its constraints, so kiln does not hand it the call (it would compute bf16 activations).
-  out = cli(fmt::format("compile moe_apply --sig dtype=bf16,weights=mxfp4,hidden=128,inter=64,experts=8,top_k=2,routing=topk_softmax,"
-                        "logits=f32,activation=silu_glu,layout=concat,w13_bias=none,w2_bias=none,act_dtype=e4m3 --target {}",
+  // W4A8 asks for other numerics by name: only the plugin's kernel whose constraints name
+  // act_dtype takes it; the bf16-activation one, which does not, is refused and says why.
+  out = cli(fmt::format("explain moe_apply --sig dtype=bf16,weights=mxfp4,hidden=128,inter=64,experts=8,top_k=2,routing=topk_softmax,"
+                        "logits=f32,activation=silu_glu,layout=concat,w13_bias=none,w2_bias=none,act_dtype=e4m3 --target {} --json",
                         platform_.arch),
             &rc);
-  EXPECT_EQ(rc, 3) << out;
+  ASSERT_EQ(rc, 0) << out;
+  j = json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j["selected"], "opencl.moe.apply.w4a8") << out;
   EXPECT_NE(out.find("act_dtype=e4m3 needs a kernel whose signature constraints name act_dtype"), std::string::npos) << out;
 }
 
@@ -312,6 +322,70 @@ TEST_F(OpenclBackend, AppendThenExtendOverShuffledPagesMatchesFloat64) {
   }
   EXPECT_LT(worst, 2e-2) << "largest absolute error of the output";  // bf16 output of values ~N(0, 1/visible)
   EXPECT_LT(worst_lse, 1e-3);
+}
+
+// W4A8 in process on the OpenCL device: the output follows the float64 model of its MXFP8
+// quantization, and is several times further from the same model without it.
+TEST_F(OpenclBackend, W4a8FollowsItsQuantizationModel) {
+  const int T = 5, H = 256, I = 128, E = 4, K = 2;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), scale(121, 124);
+  reference::MoeProblem p;
+  p.tokens = T, p.hidden = H, p.inter = I, p.experts = E, p.top_k = K, p.activation = 1, p.interleaved = true;
+  DeviceMemory x(sizeof(uint16_t) * T * H), out(sizeof(uint16_t) * T * H), logits(sizeof(float) * T * E);
+  for (int i = 0; i < T * H; ++i) {
+    x.as<uint16_t>()[i] = tools::float_to_bf16(normal(rng));
+    p.x.push_back(tools::bf16_to_float(x.as<uint16_t>()[i]));
+  }
+  for (int i = 0; i < T * E; ++i) p.logits.push_back(logits.as<float>()[i] = normal(rng));
+  // MXFP4 [rows, cols]: random codes, scales 2^-6 .. 2^-3; decoded into `decoded`.
+  auto mxfp4 = [&](int rows, int cols, DeviceMemory& codes, DeviceMemory& scales, std::vector<double>& decoded) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols / 32; ++c) scales.as<uint8_t>()[r * cols / 32 + c] = static_cast<uint8_t>(scale(rng));
+      for (int c = 0; c < cols; c += 2) {
+        const uint8_t b = static_cast<uint8_t>(byte(rng));
+        codes.as<uint8_t>()[(r * cols + c) / 2] = b;
+        const double s = tools::e8m0_to_float(scales.as<uint8_t>()[(r * cols + c) / 32]);
+        decoded.push_back(tools::e2m1_to_float(b & 0xF) * s);
+        decoded.push_back(tools::e2m1_to_float(static_cast<uint8_t>(b >> 4)) * s);
+      }
+    }
+  };
+  DeviceMemory w13(static_cast<size_t>(E * 2 * I * H / 2)), s13(static_cast<size_t>(E * 2 * I * H / 32));
+  DeviceMemory w2(static_cast<size_t>(E * H * I / 2)), s2(static_cast<size_t>(E * H * I / 32));
+  mxfp4(E * 2 * I, H, w13, s13, p.w13);
+  mxfp4(E * H, I, w2, s2, p.w2);
+  std::memset(out.pointer, 0xFF, out.size);
+  MoeArgs a;
+  a.x = TensorView::contiguous(x.pointer, DType::kBF16, {T, H});
+  a.out = TensorView::contiguous(out.pointer, DType::kBF16, {T, H});
+  a.router_logits = TensorView::contiguous(logits.pointer, DType::kF32, {T, E});
+  a.top_k = K;
+  a.w13 = TensorView::contiguous(w13.pointer, DType::kF4E2M1x2, {E, 2 * I, H / 2});
+  a.w13_scale = TensorView::contiguous(s13.pointer, DType::kE8M0, {E, 2 * I, H / 32});
+  a.w2 = TensorView::contiguous(w2.pointer, DType::kF4E2M1x2, {E, H, I / 2});
+  a.w2_scale = TensorView::contiguous(s2.pointer, DType::kE8M0, {E, H, I / 32});
+  a.activation = MoeActivation::kSwigluClamped;
+  a.gate_up_layout = GateUpLayout::kInterleaved;
+  a.activation_dtype = DType::kF8E4M3;
+  moe_apply(a, nullptr);
+  detail::launch_backend().synchronize(nullptr);
+  auto relative_error = [&](const std::vector<double>& want) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double got = tools::bf16_to_float(out.as<uint16_t>()[i]);
+      diff += (got - want[i]) * (got - want[i]);
+      norm += want[i] * want[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  p.mxfp8_activations = true;
+  const double modelled = relative_error(reference::moe_apply_reference(p));
+  p.mxfp8_activations = false;
+  const double unquantized = relative_error(reference::moe_apply_reference(p));
+  EXPECT_LT(modelled, 1e-2);
+  EXPECT_LT(4 * modelled, unquantized) << "against the quantized model " << modelled << ", without it " << unquantized;
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ KILN_HOST_DEVICE static inline float kiln_round_to_e4m3(float v) {
   const int shift = 150 - 9 - field;  // >= 21
   if (shift >= 32) return kiln_bits_float(sign);
   unsigned steps = significand >> shift;
-  const unsigned rest = significand & ((1u << shift) - 1u), half = 1u << (shift - 1);
-  if (rest > half || (rest == half && (steps & 1u))) ++steps;
+  const unsigned rest = significand & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+  if (rest > halfway || (rest == halfway && (steps & 1u))) ++steps;
   return kiln_bits_float(sign | kiln_float_bits((float)steps * (1.0f / 512.0f)));
 }
 

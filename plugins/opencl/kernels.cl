@@ -338,11 +338,28 @@ __kernel void kiln_kv_append(__global const uchar* P, __local uchar* scratch) {
 
 #ifdef MOE_FORMAT
 #include "moe/mxfp4_prepared.h"  // from kiln's tree, handed over with the program
+#include "moe/mxfp8_activations.h"
 
 // ---- MoE: one work-group per token. MOE_FORMAT 0 bf16, 1 MXFP4, 2 MXFP4 prepared;
 // MOE_ACTIVATION 0 silu_glu, 1 swiglu_clamped; MOE_INTERLEAVED; MOE_ROUTING 0 topk_softmax,
-// 1 softmax_topk, 2 precomputed; MOE_LOGITS_BF16; MOE_BIAS13 / MOE_BIAS2 0 none, 1 f32, 2 bf16.
+// 1 softmax_topk, 2 precomputed; MOE_LOGITS_BF16; MOE_BIAS13 / MOE_BIAS2 0 none, 1 f32, 2 bf16;
+// MOE_ACT_MXFP8: W4A8, x and the bf16-rounded act quantized to MXFP8 (moe/mxfp8_activations.h).
 #define MAX_TOP_K 32
+
+// W4A8: each block of 32 of the n values quantized in place, a work-item per block; `bf16_first`
+// rounds them to bf16 before (act, which kiln's other kernels store as bf16).
+inline void quantize_mxfp8(__local float* values, int n, bool bf16_first) {
+  for (int b = get_local_id(0); b < n / 32; b += get_local_size(0)) {
+    __local float* block = values + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      if (bf16_first) block[i] = bf16_to_float(float_to_bf16(block[i]));
+      amax = fmax(amax, fabs(block[i]));
+    }
+    const int s = kiln_mxfp8_exponent(amax);
+    for (int i = 0; i < 32; ++i) block[i] = kiln_mxfp8_value(block[i], s);
+  }
+}
 
 inline float e2m1_to_float(uint nibble) {
   const float magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
@@ -444,6 +461,10 @@ __kernel void kiln_moe_apply(__global const uchar* P, __local uchar* scratch) {
   }
   if (lid == 0) route_token(P, token, ids, weights);
   barrier(CLK_LOCAL_MEM_FENCE);
+#if MOE_ACT_MXFP8
+  quantize_mxfp8(x, H, false);
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
   __global const uchar* w13 = PTR(const uchar, Moe, w13);
   __global const uchar* w2 = PTR(const uchar, Moe, w2);
@@ -467,6 +488,10 @@ __kernel void kiln_moe_apply(__global const uchar* P, __local uchar* scratch) {
       act[r] = glu(gate, up);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+#if MOE_ACT_MXFP8
+    quantize_mxfp8(act, I, true);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     for (int h = lid; h < H; h += threads) {
       float sum = 0.0f;
       for (int k = 0; k < I; ++k) {

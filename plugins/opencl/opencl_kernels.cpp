@@ -284,7 +284,8 @@ int specialize_moe(const char* signature, const char*, char* name, size_t name_s
     << "\n"
     << "-DMOE_LOGITS_BF16=" << (p.count("logits") && p["logits"] == "bf16" ? 1 : 0) << "\n"
     << "-DMOE_BIAS13=" << bias_kind(p["w13_bias"]) << "\n"
-    << "-DMOE_BIAS2=" << bias_kind(p["w2_bias"]);
+    << "-DMOE_BIAS2=" << bias_kind(p["w2_bias"]) << "\n"
+    << "-DMOE_ACT_MXFP8=" << (p.count("act_dtype") && p["act_dtype"] == "e4m3" ? 1 : 0);
   return write_specialization("kiln_moe_apply", o.str(), name, name_size, options, options_size);
 }
 
@@ -363,6 +364,10 @@ const kiln_plugin* kernel_table() {
       kernel("opencl.attention.kv_append", "attention", "kv_append", "dtype=bf16|f16", kv_append_accepts, specialize_kv_append,
              launch_kv_append),
       kernel("opencl.moe.apply", "moe", "apply", "dtype=bf16;weights=bf16|mxfp4|mxfp4_prepared", nullptr, specialize_moe, launch_moe),
+      // W4A8: the same kernel with its activations quantized to MXFP8. A separate entry, since a
+      // constraint on act_dtype also requires the property, which bf16 activations leave out.
+      kernel("opencl.moe.apply.w4a8", "moe", "apply", "dtype=bf16;weights=mxfp4|mxfp4_prepared;act_dtype=e4m3", nullptr, specialize_moe,
+             launch_moe),
   };
   static const kiln_plugin plugin{KILN_PLUGIN_ABI_VERSION, "kiln-opencl", sizeof(kernels) / sizeof(kernels[0]), nullptr, kernels};
   return &plugin;
