@@ -137,13 +137,13 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
         EXPECT_NE(text.find("buffer_inv"), std::string::npos);
       }
       if (sig.op().mode == kModeApply) {
-        // The matrix-core MoE kernel: the same MFMAs in bf16 (MXFP4 decoded to bf16 first), 16-byte
-        // global loads of weight rows, and a grid barrier whose agent-scope acquire invalidates
-        // the caches (buffer_inv) between phases. W4A8 on gfx950: CDNA4's scaled MFMA takes the
-        // e2m1 weights as stored (cbsz:4) and the e4m3 activations, with both e8m0 scales, and
-        // no bf16 MFMA is left; before gfx950 the quantized activations take the bf16 ones.
+        // The matrix-core MoE kernel: 16-byte global loads of weight rows, and a grid barrier
+        // whose agent-scope acquire invalidates the caches (buffer_inv) between phases. MXFP4 on
+        // gfx950: CDNA4's scaled MFMA takes the e2m1 weights as stored (cbsz:4) and e4m3
+        // activations (W4A8's, or bf16's two terms) with both e8m0 scales, and no bf16 MFMA is
+        // left. Otherwise the bf16 MFMAs, with MXFP4 decoded to bf16 first.
         EXPECT_EQ(k.kernel, "moe.apply.mfma");
-        const bool scaled = sig.has("act_dtype") && std::string(arch) == "gfx950";
+        const bool scaled = sig.get("weights") == "mxfp4" && std::string(arch) == "gfx950";
         EXPECT_EQ(text.find("v_mfma_scale_f32_32x32x64_f8f6f4") != std::string::npos, scaled);
         if (scaled) {
           EXPECT_NE(text.find("cbsz:4"), std::string::npos);

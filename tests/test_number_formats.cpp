@@ -104,5 +104,25 @@ TEST(NumberFormats, Mxfp8ActivationsRoundToNearestE4m3) {
   EXPECT_EQ(kiln_mxfp8_exponent(0.0f), -126);
 }
 
+// bf16 activations as two MXFP8 terms (gfx950's scaled MFMAs take no bf16): exact for every bf16
+// value at or above 2^-6 of its block's scale, and within 2^-14 of the scale below, for block
+// exponents across the range a bf16 block can have.
+TEST(NumberFormats, Bf16SplitsIntoTwoMxfp8Terms) {
+  for (int s : {-133 + 7, -100, -20, -1, 0, 1, 7, 50, 119}) {
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+      const float x = bf16_to_float(static_cast<uint16_t>(bits));
+      if (!std::isfinite(x) || std::fabs(x) > 448.0f * std::ldexp(1.0f, s)) continue;  // outside any block of exponent s
+      const float q = kiln_round_to_e4m3(x * std::ldexp(1.0f, -s));
+      const float r = kiln_mxfp8_residual(x, s, q);
+      const double sum = std::ldexp(static_cast<double>(q) + static_cast<double>(r) / 16, s);
+      if (std::fabs(x) >= std::ldexp(1.0, s - 6)) {
+        ASSERT_EQ(sum, static_cast<double>(x)) << "x " << x << " s " << s;
+      } else {
+        ASSERT_LE(std::fabs(sum - x), std::ldexp(1.0, s - 14)) << "x " << x << " s " << s;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::tools

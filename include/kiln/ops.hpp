@@ -144,7 +144,10 @@ struct KvAppendArgs {
 //   bias included, is also rounded to bf16 before the weighted sum, as a pipeline of bf16 grouped
 //   GEMMs does; elsewhere it stays f32. MXFP4 values are multiplied by their scale in bf16,
 //   exactly: every e2m1 value times every e8m0 scale is a bf16 or beyond even f32's range (then
-//   infinite), and scale 0xFF gives NaN.
+//   infinite), and scale 0xFF gives NaN. On gfx950, which has scaled MXFP4 matrix instructions
+//   but no bf16 x e2m1 ones, bf16 activations enter them as two MXFP8 terms: exact but for
+//   values below about 2^-15 of the largest in their 32-value block, which keep an error under
+//   2^-21 of that largest (kernel-sources/moe/mxfp8_activations.h).
 //   activation_dtype kBF16: x and act enter the projections as bf16. kF8E4M3 (W4A8; MXFP4 weights
 //   only): each projection's activations -- x for up, the bf16 act for down -- are quantized
 //   inside the kernel to MXFP8: e4m3 values with one power-of-two scale per 32 consecutive values

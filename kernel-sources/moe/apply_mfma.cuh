@@ -1,9 +1,11 @@
 // MoE layer on AMD matrix cores (MFMA; gfx90a, gfx942 = CDNA3, gfx950 = CDNA4) with bf16 or MXFP4
 // weights and bf16 activations, or W4A8 (MXFP4 weights, activations quantized to MXFP8 as
-// moe/mxfp8_activations.h defines), the reference's semantics. W4A8 runs on gfx950's scaled
-// MXFP4 x MXFP8 MFMAs (partial_product_scaled), and elsewhere on the bf16 ones with the quantized
-// values. COMPILE-VERIFIED ONLY: no AMD GPU has run it, so neither its numerics nor its speed are
-// known.
+// moe/mxfp8_activations.h defines), the reference's semantics. On gfx950 MXFP4 weights run on
+// the scaled MXFP4 x MXFP8 MFMAs with no software decode (partial_product_scaled): W4A8 in one,
+// bf16 activations split into two MXFP8 terms, exactly but for values below about 2^-15 of their
+// 32-block's largest. Elsewhere the weights are decoded to bf16, and W4A8's quantized values go
+// through the bf16 MFMAs. COMPILE-VERIFIED ONLY: no AMD GPU has run it, so neither its numerics
+// nor its speed are known.
 //
 // One cooperative launch, a workgroup of 8 wavefronts per CU, five phases between grid-wide
 // barriers, in moe_apply_stream's workspace layout (moe/stream_workspace.h):
@@ -156,24 +158,43 @@ __device__ __forceinline__ void quantize_mxfp8_span(MoeSpan& s) {
 #if defined(__gfx950__)
 typedef int moe_words8 __attribute__((ext_vector_type(8)));
 
-// gfx950, W4A8: the span's e4m3 codes (value v in byte v) and its e8m0 scale.
-__device__ __forceinline__ moe_words8 encode_mxfp8_span(const MoeSpan& s, int& scale) {
+// gfx950: a span of 32 activations as B operands of the scaled MFMAs (value v in byte v): W4A8's
+// MXFP8 codes and e8m0 scale, or for bf16 activations those of both terms of x = 2^s (q + 2^-4 r)
+// (kiln_mxfp8_residual: exact but for values below about 2^-15 of the block's largest). Blocks
+// whose largest magnitude is below 2^-115, where 2^(s - 4) has no e8m0 code, keep only q.
+struct MoeScaledSpan {
+  moe_words8 q, r;
+  int q_scale, r_scale;
+};
+template <bool kActMxfp8>
+__device__ __forceinline__ MoeScaledSpan encode_scaled_span(const MoeSpan& s) {
   const int e = mxfp8_span_exponent(s);
   const float down = kiln_pow2(-e);
-  moe_words8 codes;
+  const bool residual = !kActMxfp8 && e >= -123;
+  MoeScaledSpan out;
+  out.q_scale = e + 127;
+  out.r_scale = residual ? e + 123 : 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    u32 word = 0;
+    u32 q = 0, r = 0;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) word |= kiln_e4m3_code(mxfp8_span_q(s, 4 * i + b, down)) << (8 * b);
-    codes[i] = static_cast<int>(word);
+    for (int b = 0; b < 4; ++b) {
+      const int v = 4 * i + b;
+      const float qv = mxfp8_span_q(s, v, down);
+      q |= kiln_e4m3_code(qv) << (8 * b);
+      if (residual) {
+        const u32 word = s.w[v / 2];
+        r |= kiln_e4m3_code(kiln_mxfp8_residual(__uint_as_float(v % 2 ? word & 0xFFFF0000u : word << 16), e, qv)) << (8 * b);
+      }
+    }
+    out.q[i] = static_cast<int>(q);
+    out.r[i] = static_cast<int>(r);
   }
-  scale = e + 127;
-  return codes;
+  return out;
 }
 
-// gfx950, W4A8: an MXFP4 row's values k .. k + 31 as stored (e2m1, the first in the low nibble)
-// in the low 16 bytes, and their e8m0 scale; zeros (scale 1) past the row or past K.
+// gfx950: an MXFP4 row's values k .. k + 31 as stored (e2m1, the first in the low nibble) in the
+// low 16 bytes, and their e8m0 scale; zeros (scale 1) past the row or past K.
 __device__ __forceinline__ moe_words8 load_mxfp4_raw(const MoeRow& row, int k, int K, int& scale) {
   moe_words8 v = {};
   scale = 127;
@@ -194,21 +215,36 @@ __device__ __forceinline__ moe_words8 load_mxfp4_raw(const MoeRow& row, int k, i
   return v;
 }
 
-// gfx950, W4A8: the wavefront's chunks on CDNA4's scaled matrix cores, one
-// v_mfma_scale_f32_32x32x64_f8f6f4 a chunk. Lane (row or column, half h) holds values h * 32 ..
-// h * 32 + 31 of the chunk -- one MX block of A (e2m1, its weight scale) and of B (e4m3, its
-// activation scale) -- and the instruction applies both scales to its products.
+// gfx950, MXFP4 weights: the wavefront's chunks on CDNA4's scaled matrix cores, which take the
+// e2m1 weights as stored, with their e8m0 scale (v_mfma_scale_f32_32x32x64_f8f6f4; no software
+// decode). Lane (row or column, half h) holds values h * 32 .. h * 32 + 31 of the chunk: one MX
+// block of A and of B. The activations are e4m3 with their own scale: one MFMA a chunk for W4A8,
+// two for bf16 activations (encode_scaled_span). The next chunk's loads go out before the MFMAs.
+template <bool kActMxfp8>
 __device__ mfma_f32x16 partial_product_scaled(const MoeRow& a, const void* b, int K, int wave, int h) {
   mfma_f32x16 acc = {};
   const int chunks = (K + kMoeMfmaChunk - 1) / kMoeMfmaChunk;
+  int a_scale = 127, a_scale_next = 127;
+  moe_words8 a_values = {}, a_next = {};
+  MoeSpan b_span = {}, b_next = {};
+  if (wave < chunks) {
+    a_values = load_mxfp4_raw(a, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_scale);
+    load_bf16_span(b, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_span);
+  }
   for (int c = wave; c < chunks; c += kMoeMfmaWaves) {
-    const int k = c * kMoeMfmaChunk + h * kMoeMfmaSpan;
-    int a_scale = 127, b_scale = 127;
-    const moe_words8 a_values = load_mxfp4_raw(a, k, K, a_scale);
-    MoeSpan b_span;
-    load_bf16_span(b, k, K, b_span);
-    const moe_words8 b_codes = encode_mxfp8_span(b_span, b_scale);
-    acc = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(a_values, b_codes, acc, 4 /* A: e2m1 */, 0 /* B: e4m3 */, 0, a_scale, 0, b_scale);
+    const int next = c + kMoeMfmaWaves;
+    if (next < chunks) {
+      a_next = load_mxfp4_raw(a, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_scale_next);
+      load_bf16_span(b, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_next);
+    }
+    const MoeScaledSpan bs = encode_scaled_span<kActMxfp8>(b_span);
+    acc = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(a_values, bs.q, acc, 4 /* A: e2m1 */, 0 /* B: e4m3 */, 0, a_scale, 0, bs.q_scale);
+    if (!kActMxfp8) {
+      acc = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(a_values, bs.r, acc, 4, 0, 0, a_scale, 0, bs.r_scale);
+    }
+    a_values = a_next;
+    a_scale = a_scale_next;
+    b_span = b_next;
   }
   return acc;
 }
@@ -216,11 +252,11 @@ __device__ mfma_f32x16 partial_product_scaled(const MoeRow& a, const void* b, in
 
 // This wavefront's share of an item's product over K: its chunks of the lane's weight row `a`
 // and activation row `b`, the next chunk's loads issued before the current one's MFMAs.
-// W4A8 quantizes each activation span; on gfx950 the scaled MFMAs take the operands as stored.
+// W4A8 quantizes each activation span. On gfx950 MXFP4 weights take the scaled MFMAs.
 template <int kFormat, bool kActMxfp8>
 __device__ mfma_f32x16 partial_product(const MoeRow& a, const void* b, int K, int wave, int h) {
 #if defined(__gfx950__)
-  if constexpr (kActMxfp8 && kFormat == kWeightsMxfp4) return partial_product_scaled(a, b, K, wave, h);
+  if constexpr (kFormat == kWeightsMxfp4) return partial_product_scaled<kActMxfp8>(a, b, K, wave, h);
 #endif
   mfma_f32x16 acc = {};
   const int chunks = (K + kMoeMfmaChunk - 1) / kMoeMfmaChunk;

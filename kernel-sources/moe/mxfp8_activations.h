@@ -74,6 +74,16 @@ KILN_HOST_DEVICE static inline float kiln_round_to_e4m3(float v) {
 // One value of a block with exponent s, as used: q * 2^s.
 KILN_HOST_DEVICE static inline float kiln_mxfp8_value(float x, int s) { return kiln_round_to_e4m3(x * kiln_pow2(-s)) * kiln_pow2(s); }
 
+// bf16 activations as two MXFP8 terms, for matrix units that take only 8-bit (or narrower)
+// operands (gfx950's scaled MFMAs): x = 2^s (q + 2^-4 r), q = kiln_round_to_e4m3(x 2^-s) and
+// r = kiln_mxfp8_residual(x, s, q). Exact for every bf16 x with |x| 2^-s >= 2^-6 -- all but the
+// values below about 2^-15 of the block's largest -- since x - 2^s q is then a multiple of x's
+// own bf16 step and at most 8 such steps; below, within 2^(s - 14), under 2^-21 of the block's
+// largest magnitude (tests/test_number_formats.cpp checks both over every bf16 value).
+KILN_HOST_DEVICE static inline float kiln_mxfp8_residual(float x, int s, float q) {
+  return kiln_round_to_e4m3((x * kiln_pow2(-s) - q) * 16.0f);
+}
+
 // The e4m3 code (OCP E4M3FN: bias 7, no infinities) of a value kiln_round_to_e4m3 returned.
 KILN_HOST_DEVICE static inline unsigned kiln_e4m3_code(float q) {
   const unsigned bits = kiln_float_bits(q), sign = (bits >> 24) & 0x80u, magnitude = bits & 0x7FFFFFFFu;
