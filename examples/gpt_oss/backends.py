@@ -2,7 +2,8 @@
 
 kiln:    a paged KV cache (pages of `page_size` tokens, scattered through one pool), written by
          kiln's kv_cache_append; prefill chunks through mha_extend_with_kvcache, decode through
-         mha_decode_with_kvcache; the experts through moe_apply on the MXFP4 weights (prepared once).
+         mha_decode_with_kvcache; the experts through moe_apply on the MXFP4 weights (prepared once),
+         with bf16 activations or (activation_dtype="e4m3") W4A8.
 PyTorch: what a user writes without kiln. A static cache per request slot ([slots, Hkv, L, D], as
          Transformers' StaticCache); prefill through FlexAttention (compiled) with the sinks applied
          exactly through its log-sum-exp; decode as batched matmuls with the sinks in the softmax
@@ -21,13 +22,14 @@ BACKENDS = ("kiln", "torch")
 class KilnBackend:
     name = "kiln"
 
-    def __init__(self, config, weights, slots, max_len, page_size, seed=0):
+    def __init__(self, config, weights, slots, max_len, page_size, seed=0, activation_dtype="bf16"):
         import kiln  # noqa: F401  (registers torch.ops.kiln)
         import kiln.torch as kt
         self.kt, self.config = kt, config
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size: expected a power of two, got {page_size}")
         self.page_size = page_size
+        self.activation_dtype = activation_dtype
         pages_per_slot = -(-max_len // page_size)
         pool = list(range(slots * pages_per_slot))
         random.Random(seed).shuffle(pool)  # pages land anywhere in the pool, as a serving engine's do
@@ -61,7 +63,8 @@ class KilnBackend:
         w = self.weights.layers[layer]
         return self.kt.moe_apply(x, w.w13, w.w2, self.config.top_k, router_logits=router_logits, routing="topk_softmax",
                                  w13_scale=w.w13_scale, w13_bias=w.w13_bias, w2_scale=w.w2_scale, w2_bias=w.w2_bias,
-                                 activation="swiglu_clamped", gate_up_layout="interleaved", weight_format="mxfp4_prepared")
+                                 activation="swiglu_clamped", gate_up_layout="interleaved", weight_format="mxfp4_prepared",
+                                 activation_dtype=self.activation_dtype)
 
 
 _flex = None

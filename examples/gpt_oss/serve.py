@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=_positive_list, default=[1, 8, 64], help="decode batch sizes")
     p.add_argument("--decode-steps", type=_positive, default=64)
     p.add_argument("--page-size", type=_positive, default=16, help="kiln's KV page size (a power of two, <= 256)")
+    p.add_argument("--moe-activations", choices=["bf16", "e4m3"], default="bf16",
+                   help="kiln's expert activations: e4m3 is W4A8, quantized to MXFP8 inside the kernel")
     p.add_argument("--max-batched-tokens", type=_positive, default=8192, help="prefill tokens per forward")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly instead of replaying a CUDA graph")
     p.add_argument("--profile", action="store_true", help="break one decode step down by kernel (batch 8)")
@@ -243,7 +245,8 @@ def run_backend(name, args, progress):
     max_len = -(-(max(args.context, *args.prompt_lengths) + args.decode_steps + 1) // 16) * 16
     progress(f"{name}: drawing {config.name} ({config.layers} layers) weights, seed {args.seed}")
     weights = random_weights(config, args.seed)
-    backend = make_backend(name, config, weights, slots, max_len, args.page_size, args.seed)
+    options = {"activation_dtype": args.moe_activations} if name == "kiln" else {}
+    backend = make_backend(name, config, weights, slots, max_len, args.page_size, args.seed, **options)
     model = GptOss(config, weights, backend)
     engine = Engine(model, max_len, args.max_batched_tokens)
     prompts = _random_prompts(config, slots, args.context, args.seed)

@@ -24,6 +24,13 @@ def test_prompt_lengths_replace_prompts_times_context():
     assert serve.parse_args([]).prompt_lengths == [2048] * 8
 
 
+def test_moe_activations_choose_w4a8_by_name():
+    assert serve.parse_args([]).moe_activations == "bf16"
+    assert serve.parse_args(["--moe-activations", "e4m3"]).moe_activations == "e4m3"
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--moe-activations", "int8"])
+
+
 def test_layers_run_fewer_blocks_at_full_width():
     args = serve.parse_args(["--model", "gpt-oss-120b", "--layers", "2", "--batches", "4,16", "--backends", "kiln"])
     assert (args.config.layers, args.config.experts, args.config.hidden) == (2, 128, 2880)
