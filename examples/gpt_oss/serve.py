@@ -252,7 +252,7 @@ def run_backend(name, args, progress):
     prompts = _random_prompts(config, slots, args.context, args.seed)
     measured = [p[:n] if n <= len(p) else _random_prompts(config, 1, n, args.seed + i)[0]
                 for i, (p, n) in enumerate(zip(prompts, args.prompt_lengths))]
-    result = {"backend": name}
+    result = {"backend": name, **options}
 
     progress(f"{name}: warm-up (compiles kernels on a cold cache)")
     started = time.perf_counter()
