@@ -1550,30 +1550,35 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
   Registry::global().set_override(moe, "");
 }
 
+// An MXFP4 case (renormalized routing), with bf16 activations or W4A8.
+MoeCase mxfp4_case(bool w4a8, int tokens, int hidden, int inter, int experts, int top_k, int routing, int activation, bool interleaved,
+                   bool bias, bool all_to_one) {
+  return MoeCase{.mxfp4 = true,
+                 .tokens = tokens,
+                 .hidden = hidden,
+                 .inter = inter,
+                 .experts = experts,
+                 .top_k = top_k,
+                 .routing = routing,
+                 .renormalize = true,
+                 .activation = activation,
+                 .interleaved = interleaved,
+                 .bias = bias,
+                 .all_to_one = all_to_one,
+                 .w4a8 = w4a8};
+}
+
 // The grouped GEMMs with MXFP4 weights (from KILN_MOE_GEMM_MXFP4_MIN_TOKENS tokens on sm_90a):
 // standard and prepared weights, both layouts, both activations, biases, a last column block only
 // half live (H = 192, and GPT-OSS's H = 2880, 45 K steps of up), and every token on one expert. Elsewhere (no wgmma) the same cases run on
 // the streaming phases.
 TEST_F(Gpu, MoeMxfp4GroupedGemmMatchesFloat64) {
-  auto mxfp4_case = [](int tokens, int hidden, int inter, int experts, int top_k, int routing, int activation, bool interleaved, bool bias,
-                       bool all_to_one) {
-    return MoeCase{.mxfp4 = true,
-                   .tokens = tokens,
-                   .hidden = hidden,
-                   .inter = inter,
-                   .experts = experts,
-                   .top_k = top_k,
-                   .routing = routing,
-                   .renormalize = true,
-                   .activation = activation,
-                   .interleaved = interleaved,
-                   .bias = bias,
-                   .all_to_one = all_to_one};
-  };
   const std::vector<MoeCase> cases = {
-      mxfp4_case(1024, 256, 128, 8, 4, 0, 1, true, true, false),   mxfp4_case(1100, 512, 512, 16, 4, 1, 0, false, false, false),
-      mxfp4_case(1024, 192, 320, 4, 2, 2, 1, true, true, true),    mxfp4_case(1024, 2880, 256, 4, 2, 0, 1, true, true, false),
-      mxfp4_case(2000, 256, 192, 32, 4, 1, 1, false, true, false),
+      mxfp4_case(false, 1024, 256, 128, 8, 4, 0, 1, true, true, false),
+      mxfp4_case(false, 1100, 512, 512, 16, 4, 1, 0, false, false, false),
+      mxfp4_case(false, 1024, 192, 320, 4, 2, 2, 1, true, true, true),
+      mxfp4_case(false, 1024, 2880, 256, 4, 2, 0, 1, true, true, false),
+      mxfp4_case(false, 2000, 256, 192, 32, 4, 1, 1, false, true, false),
   };
   setenv("KILN_POISON_WORKSPACE", "1", 1);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.stream");
@@ -1587,26 +1592,10 @@ TEST_F(Gpu, MoeMxfp4GroupedGemmMatchesFloat64) {
 // 1000, biases, all three routings, both activations and gate/up layouts, every token on one
 // expert; then the same cases on the portable reference kernel.
 TEST_F(Gpu, MoeW4a8MatchesFloat64) {
-  auto w4a8_case = [](int tokens, int hidden, int inter, int experts, int top_k, int routing, int activation, bool interleaved, bool bias,
-                      bool all_to_one) {
-    return MoeCase{.mxfp4 = true,
-                   .tokens = tokens,
-                   .hidden = hidden,
-                   .inter = inter,
-                   .experts = experts,
-                   .top_k = top_k,
-                   .routing = routing,
-                   .renormalize = true,
-                   .activation = activation,
-                   .interleaved = interleaved,
-                   .bias = bias,
-                   .all_to_one = all_to_one,
-                   .w4a8 = true};
-  };
   const std::vector<MoeCase> cases = {
-      w4a8_case(1, 2880, 256, 8, 4, 0, 1, true, true, false),    w4a8_case(3, 128, 64, 8, 2, 1, 0, false, false, false),
-      w4a8_case(17, 256, 96, 16, 4, 2, 1, true, true, true),     w4a8_case(64, 192, 128, 8, 2, 0, 0, false, true, false),
-      w4a8_case(1000, 256, 128, 16, 4, 1, 1, true, true, false),
+      mxfp4_case(true, 1, 2880, 256, 8, 4, 0, 1, true, true, false),    mxfp4_case(true, 3, 128, 64, 8, 2, 1, 0, false, false, false),
+      mxfp4_case(true, 17, 256, 96, 16, 4, 2, 1, true, true, true),     mxfp4_case(true, 64, 192, 128, 8, 2, 0, 0, false, true, false),
+      mxfp4_case(true, 1000, 256, 128, 16, 4, 1, 1, true, true, false),
   };
   for (const auto& c : cases) run_moe_case(rng, c);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.reference");
