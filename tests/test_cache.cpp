@@ -25,6 +25,7 @@
 #include "cache/key_lock.hpp"
 #include "cache/schema.hpp"
 #include "core/env.hpp"
+#include "core/process_singleton.hpp"
 #include "kiln/cache.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
@@ -466,6 +467,49 @@ TEST(CacheDirectory, NetworkFilesystemsAreRecognized) {
   EXPECT_TRUE(is_network_filesystem_magic(0x47504653));   // GPFS
   EXPECT_FALSE(is_network_filesystem_magic(0xef53));      // ext4
   EXPECT_FALSE(is_network_filesystem_magic(0x01021994));  // tmpfs
+}
+
+// The per-process objects (KernelCache::process, RemoteTier::process): one per process, a fresh
+// one in a child after fork() that the child deletes at exit, the parent's untouched; a make
+// that throws is tried again, one that returns null is not.
+struct SingletonProbe {
+  explicit SingletonProbe(std::string deleted_marker) : marker(std::move(deleted_marker)) {}
+  ~SingletonProbe() {
+    if (!marker.empty()) std::ofstream(marker) << ::getpid();
+  }
+  std::string marker;
+};
+struct ThrowingProbe {};
+struct NullProbe {};
+
+TEST(ProcessSingleton, OnePerProcessRemadeAfterForkDeletedAtExit) {
+  int makes = 0;
+  auto make = [&] {
+    ++makes;
+    return new SingletonProbe("");
+  };
+  SingletonProbe* first = ProcessSingleton<SingletonProbe>::get(make);
+  EXPECT_EQ(ProcessSingleton<SingletonProbe>::get(make), first);
+  EXPECT_EQ(makes, 1);
+  const std::string marker = testing::TempDir() + "/kiln-singleton-" + std::to_string(::getpid());
+  fs::remove(marker);
+  const pid_t child = fork();
+  if (child == 0) {
+    SingletonProbe* mine = ProcessSingleton<SingletonProbe>::get([&] { return new SingletonProbe(marker); });
+    std::exit(mine != first && mine->marker == marker ? 0 : 1);  // std::exit runs the deleting handler
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(fs::exists(marker)) << "the child's object was not deleted at its exit";
+  EXPECT_EQ(ProcessSingleton<SingletonProbe>::get(make), first);
+  EXPECT_EQ(makes, 1);
+
+  EXPECT_THROW(ProcessSingleton<ThrowingProbe>::get([]() -> ThrowingProbe* { throw std::runtime_error("no"); }), std::runtime_error);
+  EXPECT_NE(ProcessSingleton<ThrowingProbe>::get([] { return new ThrowingProbe; }), nullptr);
+  EXPECT_EQ(ProcessSingleton<NullProbe>::get([]() -> NullProbe* { return nullptr; }), nullptr);
+  EXPECT_EQ(ProcessSingleton<NullProbe>::get([] { return new NullProbe; }), nullptr);
 }
 
 TEST_F(CacheTest, WriterKilledMidTransactionLeavesNoPartialRowAndNoLock) {

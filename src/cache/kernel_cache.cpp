@@ -18,6 +18,7 @@
 #include "cache/schema.hpp"
 #include "core/embedded_file.hpp"
 #include "core/env.hpp"
+#include "core/process_singleton.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
 
@@ -385,30 +386,12 @@ std::atomic<bool> process_inspect_only{false};
 void KernelCache::inspect_only_process() { process_inspect_only.store(true); }
 
 KernelCache& KernelCache::process() {
-  static std::mutex mutex;
-  static KernelCache* cache = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache == nullptr || owner != ::getpid()) {
-    // After fork() the parent's SQLite connection must not be used or closed in the child:
-    // it is abandoned and a fresh one opened.
-    cache = new KernelCache(default_cache_directory(), default_seed_databases(), default_cache_max_bytes(),
-                            process_inspect_only.load() ? Mode::kInspect : Mode::kServe);
-    owner = ::getpid();
-    // Closing at exit checkpoints the write-ahead log into kiln.db, so a cache directory left
-    // by a finished process is one self-contained file (readable even where it cannot be written).
-    static std::once_flag registered;
-    std::call_once(registered, [] {
-      std::atexit([] {
-        std::lock_guard<std::mutex> exit_lock(mutex);
-        if (cache != nullptr && owner == ::getpid()) {
-          delete cache;
-          cache = nullptr;
-        }
-      });
-    });
-  }
-  return *cache;
+  // Closing at exit checkpoints the write-ahead log into kiln.db, so a cache directory left by a
+  // finished process is one self-contained file (readable even where it cannot be written).
+  return *ProcessSingleton<KernelCache>::get([] {
+    return new KernelCache(default_cache_directory(), default_seed_databases(), default_cache_max_bytes(),
+                           process_inspect_only.load() ? Mode::kInspect : Mode::kServe);
+  });
 }
 
 void KernelCache::degrade(const std::string& category, const std::string& reason) {

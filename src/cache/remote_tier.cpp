@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/env.hpp"
+#include "core/process_singleton.hpp"
 #include "kiln/error.hpp"
 #include "kiln/log.hpp"
 
@@ -148,37 +149,14 @@ std::variant<DecodedEntry, std::string> decode_remote_entry(const std::string& b
 }
 
 RemoteTier* RemoteTier::process() {
-  static std::mutex mutex;
-  static RemoteTier* tier = nullptr;
-  static pid_t owner = 0;
-  static bool configured = false;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (owner != ::getpid()) {
-    // After fork() the parent's connection and writer thread do not exist in the child: the old
-    // tier is abandoned and a fresh one made from the environment.
-    owner = ::getpid();
-    tier = nullptr;
-    configured = false;
+  return ProcessSingleton<RemoteTier>::get([]() -> RemoteTier* {
     try {
-      if (auto settings = remote_settings_from_environment()) {
-        tier = new RemoteTier(std::move(*settings));
-        configured = true;
-      }
+      if (auto settings = remote_settings_from_environment()) return new RemoteTier(std::move(*settings));
     } catch (const Error& e) {
       log(LogLevel::kWarn, "kiln cache: no remote tier: " + e.message());
     }
-    static std::once_flag registered;
-    std::call_once(registered, [] {
-      std::atexit([] {
-        std::lock_guard<std::mutex> exit_lock(mutex);
-        if (tier != nullptr && owner == ::getpid()) {
-          delete tier;
-          tier = nullptr;
-        }
-      });
-    });
-  }
-  return configured ? tier : nullptr;
+    return nullptr;
+  });
 }
 
 RemoteTier::RemoteTier(RemoteSettings settings) : settings_(std::move(settings)) {
