@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a copy of the tree with .carry/ (scripts/device-bundle.sh): the MoE
+# GPU tests (W4A8 included), kiln check against the reference kernel and float64 with and without
+# W4A8, kiln bench of the GPT-OSS-120B layer, the Python MoE tests, and with --side-by-side the
+# MoE rows of bench/side_by_side.py. Logs under $OUT, a short table last.
+set -uo pipefail
+source "$(dirname "$0")/device-env.sh"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+timeout 300 $bin/kiln_gpu_tests --gtest_color=no --gtest_filter='Gpu.Moe*' 2>&1 | tee "$out/gpu_moe.log" |
+  grep -E "^\[ +(OK|FAILED) |Failure|Expected|Which|error|against" | head -60
+median() { python3 -c "import json,sys; t=sys.stdin.read(); print(json.loads(t[t.find('{'):])['median_ms'])"; }
+for act in bf16 e4m3; do
+  for T in 1 17 300; do
+    timeout 60 $bin/kiln check moe_apply --shape tokens=$T,hidden=512,inter=256,experts=8,top_k=4,weights=mxfp4_prepared,bias=bf16,act=$act \
+      --json > "$out/check_${act}_$T.json" 2>&1
+    python3 -c "import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.find('{'):]); print('check', sys.argv[2], 'T', sys.argv[3], j['kernel'], 'pass', j['pass'], 'f64', j['error_vs_float64'])" \
+      "$out/check_${act}_$T.json" $act $T || tail -3 "$out/check_${act}_$T.json"
+  done
+done
+for T in 1 8 64 512 2048; do
+  for act in bf16 e4m3; do
+    ms=$(timeout 90 $bin/kiln bench moe_apply --json \
+      --shape tokens=$T,hidden=2880,inter=2880,experts=128,top_k=4,weights=mxfp4_prepared,bias=bf16,act=$act 2>/dev/null | median)
+    echo "bench T=$T act=$act median_ms=$ms" | tee -a "$out/bench.txt"
+  done
+done
+site=/tmp/kiln-site
+rm -rf "$site"
+python3 -m pip install -q --no-deps --no-index --target "$site" "$root"/.carry/wheel/kiln-*.whl
+python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --no-index --find-links "$root/.carry/pydeps" --target "$site" pytest
+(cd "$root/python/tests" && PYTHONPATH=$site timeout 200 python3 -W ignore::UserWarning -m pytest -q -ra -p no:cacheprovider -k moe \
+  test_gpu.py test_package.py 2>&1 | tail -15 | tee "$out/pytest_moe.log")
+if [ "${1:-}" = --side-by-side ]; then
+  PYTHONPATH=$site timeout 420 python3 "$root/bench/side_by_side.py" --lib "$root/build-device/lib/libkiln.so" --out "$out/side_by_side" \
+    --quick --cuda-graphs --only moe 2>&1 | tail -60
+fi
