@@ -209,9 +209,11 @@ TEST(AmdHiprtc, CompilesGfx90aThroughTheRealApi) {
   ASSERT_FALSE(detail::hip::hiprtc_refuses("gfx90a"))
       << *detail::hip::hiprtc_refuses("gfx90a") << " (scripts/install-deps.sh installs Debian's hipRTC)";
   AmdCompilerScope scope(AmdCompiler::kHiprtc);
+  Signature w4a8 = test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  w4a8.set("act_dtype", "e4m3");  // quantized activations through the bf16 MFMAs
   for (const Signature& sig :
        {test::prefill_signature("bf16", 64, 8), test::decode_signature("f16", "f16", 128, 4), test::extend_signature("bf16", "bf16", 64, 8),
-        test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32")}) {
+        test::moe_signature("mxfp4", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"), w4a8}) {
     const CompiledKernel k = compile_for_target(sig, "gfx90a");
     EXPECT_EQ(k.compiler.rfind("hiprtc ", 0), 0u) << k.compiler;
     const auto info = read_code_object(k.binary);
