@@ -93,6 +93,9 @@ typedef struct kiln_kv_append_args {
   float k_scale, v_scale;
 } kiln_kv_append_args;
 
+/* Zero-initialize argument structs ({0}): a field kiln adds later (appended, like
+ * activation_dtype) then means its default. kiln reads the struct this header declares, so a
+ * program built against an older kiln.h must be rebuilt before it links a newer libkiln. */
 typedef struct kiln_moe_args {
   const kiln_tensor *x, *out;
   const kiln_tensor* router_logits; /* or topk_ids + topk_weights */
