@@ -30,7 +30,6 @@
 
 #include "common/mfma.cuh"
 #include "moe/moe_common.cuh"
-#include "moe/mxfp8_activations.h"
 #include "moe/stream_workspace.h"
 
 namespace kiln {
@@ -129,30 +128,10 @@ __device__ __forceinline__ void load_weight_span(const MoeRow& row, int k, int K
     load_bf16_span(row.values, k, K, s);
 }
 
-// W4A8: a span of 32 activations (one MXFP8 block: spans start at multiples of 32) quantized as
-// moe/mxfp8_activations.h defines. The block exponent, and each value's q = x 2^-s rounded to e4m3.
-__device__ __forceinline__ int mxfp8_span_exponent(const MoeSpan& s) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {
-    amax = fmaxf(amax, fmaxf(__uint_as_float((s.w[i] << 16) & 0x7FFF0000u), __uint_as_float(s.w[i] & 0x7FFF0000u)));
-  }
-  return kiln_mxfp8_exponent(amax);
-}
+// W4A8: a span of 32 activations (one MXFP8 block: spans start at multiples of 32). Value v of
+// the span quantized to e4m3 with the block's 2^-s (`down`), as moe/mxfp8_activations.h defines.
 __device__ __forceinline__ float mxfp8_span_q(const MoeSpan& s, int v, float down) {
-  const u32 word = s.w[v / 2];
-  return kiln_round_to_e4m3(__uint_as_float(v % 2 ? word & 0xFFFF0000u : word << 16) * down);
-}
-
-// Before gfx950: the quantized values, which are bf16 values, in place of the span's.
-__device__ __forceinline__ void quantize_mxfp8_span(MoeSpan& s) {
-  const int e = mxfp8_span_exponent(s);
-  const float down = kiln_pow2(-e), up = kiln_pow2(e);
-#pragma unroll
-  for (int i = 0; i < kMoeMfmaSpan / 2; ++i) {
-    const u32 lo = __float_as_uint(mxfp8_span_q(s, 2 * i, down) * up), hi = __float_as_uint(mxfp8_span_q(s, 2 * i + 1, down) * up);
-    s.w[i] = (lo >> 16) | (hi & 0xFFFF0000u);  // exact: q 2^s is a bf16 value
-  }
+  return kiln_round_to_e4m3(bf16_pair_value(s.w[v / 2], v % 2) * down);
 }
 
 #if defined(__gfx950__)
@@ -168,7 +147,7 @@ struct MoeScaledSpan {
 };
 template <bool kActMxfp8>
 __device__ __forceinline__ MoeScaledSpan encode_scaled_span(const MoeSpan& s) {
-  const int e = mxfp8_span_exponent(s);
+  const int e = mxfp8_pairs_exponent(s.w);
   const float down = kiln_pow2(-e);
   const bool residual = !kActMxfp8 && e >= -123;
   MoeScaledSpan out;
@@ -183,8 +162,7 @@ __device__ __forceinline__ MoeScaledSpan encode_scaled_span(const MoeSpan& s) {
       const float qv = mxfp8_span_q(s, v, down);
       q |= kiln_e4m3_code(qv) << (8 * b);
       if (residual) {
-        const u32 word = s.w[v / 2];
-        r |= kiln_e4m3_code(kiln_mxfp8_residual(__uint_as_float(v % 2 ? word & 0xFFFF0000u : word << 16), e, qv)) << (8 * b);
+        r |= kiln_e4m3_code(kiln_mxfp8_residual(bf16_pair_value(s.w[v / 2], v % 2), e, qv)) << (8 * b);
       }
     }
     out.q[i] = static_cast<int>(q);
@@ -264,14 +242,14 @@ __device__ mfma_f32x16 partial_product(const MoeRow& a, const void* b, int K, in
   if (wave < chunks) {
     load_weight_span<kFormat>(a, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_span);
     load_bf16_span(b, wave * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_span);
-    if (kActMxfp8) quantize_mxfp8_span(b_span);
+    if (kActMxfp8) quantize_mxfp8_pairs(b_span.w);
   }
   for (int c = wave; c < chunks; c += kMoeMfmaWaves) {
     const int next = c + kMoeMfmaWaves;
     if (next < chunks) {
       load_weight_span<kFormat>(a, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, a_next);
       load_bf16_span(b, next * kMoeMfmaChunk + h * kMoeMfmaSpan, K, b_next);
-      if (kActMxfp8) quantize_mxfp8_span(b_next);
+      if (kActMxfp8) quantize_mxfp8_pairs(b_next.w);
     }
 #pragma unroll
     for (int step = 0; step < kMoeMfmaSpan / kMfmaHalfK; ++step) {

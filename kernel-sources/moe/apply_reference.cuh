@@ -6,7 +6,6 @@
 #pragma once
 
 #include "moe/moe_common.cuh"
-#include "moe/mxfp8_activations.h"
 
 namespace kiln {
 

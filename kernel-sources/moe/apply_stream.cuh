@@ -32,7 +32,6 @@
 #include "common/vector_memory.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/mxfp4_decode.cuh"
-#include "moe/mxfp8_activations.h"
 #include "moe/routing.cuh"
 #include "moe/stream_workspace.h"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a: the grouped-GEMM phases on wgmma
@@ -170,32 +169,30 @@ __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int 
 }
 
 // W4A8: a lane's 32 activations of one MXFP4 piece -- one MXFP8 block, whatever their k order
-// within each 8 -- quantized in place as moe/mxfp8_activations.h defines; the results are bf16
-// values and go through the same bf16 MMAs. From sm_89 on, the hardware's e4m3 conversion rounds
-// (to nearest even, never saturating here since no value exceeds 448).
+// within each 8 -- quantized in place (quantize_mxfp8_pairs); the results are bf16 values and go
+// through the same bf16 MMAs. From sm_89 on, the hardware's e4m3 conversion rounds (to nearest
+// even, never saturating here since no value exceeds 448).
 __device__ __forceinline__ void quantize_mxfp8_block(u32 (&b)[16]) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fmaxf(__uint_as_float((b[i] << 16) & 0x7FFF0000u), __uint_as_float(b[i] & 0x7FFF0000u)));
-  const int s = kiln_mxfp8_exponent(amax);
+#if __CUDA_ARCH__ >= 890
+  const int s = mxfp8_pairs_exponent(b);
   const float down = kiln_pow2(-s), up = kiln_pow2(s);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float lo = __uint_as_float(b[i] << 16) * down, hi = __uint_as_float(b[i] & 0xFFFF0000u) * down;
-#if __CUDA_ARCH__ >= 890
     unsigned short q;
     unsigned halves;
     float q_lo, q_hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(hi), "f"(lo));  // hi in the upper byte
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(q));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+        : "=h"(q)
+        : "f"(bf16_pair_value(b[i], true) * down), "f"(bf16_pair_value(b[i], false) * down));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(q));  // the first source in the upper half
     asm("cvt.f32.f16 %0, %1;" : "=f"(q_lo) : "h"(static_cast<unsigned short>(halves & 0xFFFFu)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(q_hi) : "h"(static_cast<unsigned short>(halves >> 16)));
-#else
-    const float q_lo = kiln_round_to_e4m3(lo), q_hi = kiln_round_to_e4m3(hi);
-#endif
     // q 2^s is a bf16 value: keeping the upper half of its f32 bits is exact.
     b[i] = (__float_as_uint(q_hi * up) & 0xFFFF0000u) | (__float_as_uint(q_lo * up) >> 16);
   }
+#else
+  quantize_mxfp8_pairs(b);
+#endif
 }
 
 // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's up

@@ -4,6 +4,7 @@
 
 #include "common/prelude.cuh"
 #include "moe/mxfp4_prepared.h"
+#include "moe/mxfp8_activations.h"
 #include "moe/params.h"
 
 namespace kiln {
@@ -103,6 +104,28 @@ __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* 
   for (int j = 0; j < p.top_k; ++j) chosen += weights[j];
   const float norm = (kRouting == kRoutingTopkSoftmax || p.renormalize) ? chosen : total;
   for (int j = 0; j < p.top_k; ++j) weights[j] /= norm;
+}
+
+// W4A8 in registers: one MXFP8 block of 32 activations held as 16 bf16 pairs (value 2i in the
+// low half of word i, or any order within the block), quantized as moe/mxfp8_activations.h
+// defines. The value of half `high` of a word, the block's exponent, and the block quantized in
+// place: the results are bf16 values (q 2^s), so truncating their f32 bits is exact.
+__device__ __forceinline__ float bf16_pair_value(u32 word, bool high) { return __uint_as_float(high ? word & 0xFFFF0000u : word << 16); }
+__device__ __forceinline__ int mxfp8_pairs_exponent(const u32 (&w)[16]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fmaxf(__uint_as_float((w[i] << 16) & 0x7FFF0000u), __uint_as_float(w[i] & 0x7FFF0000u)));
+  return kiln_mxfp8_exponent(amax);
+}
+__device__ __forceinline__ void quantize_mxfp8_pairs(u32 (&w)[16]) {
+  const int s = mxfp8_pairs_exponent(w);
+  const float down = kiln_pow2(-s), up = kiln_pow2(s);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const u32 lo = __float_as_uint(kiln_round_to_e4m3(bf16_pair_value(w[i], false) * down) * up);
+    const u32 hi = __float_as_uint(kiln_round_to_e4m3(bf16_pair_value(w[i], true) * down) * up);
+    w[i] = (lo >> 16) | (hi & 0xFFFF0000u);
+  }
 }
 
 // The expert e with start[e] * scale <= item < start[e + 1] * scale, for a per-expert prefix
