@@ -505,6 +505,18 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings + 2880 * 2);
   p.num_tokens = 4;
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
+  // MXFP4's grouped GEMMs from KILN_MOE_GEMM_MXFP4_MIN_PAIRS routed pairs (512 tokens at top-4),
+  // never with MXFP8 activations.
+  p.num_tokens = KILN_MOE_GEMM_MXFP4_MIN_PAIRS / 4;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES});
+  EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
+  p.activations_mxfp8 = 1;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
+  p.activations_mxfp8 = 0;
+  p.num_tokens -= 1;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
+  p.num_tokens += 1, p.top_k = 2;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
   // The MXFP4 rings are smaller than the GEMMs' stages (the kernel tells them apart by size), and
   // the kernel's static shared memory (26 KB: the expert tables, the local routing lists and the
   // mma.sync phases' partial sums) fits beside either, the rings also in the 99 KB of sm_86, sm_89

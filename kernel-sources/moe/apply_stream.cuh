@@ -21,7 +21,7 @@
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 32 kiln_moe_stream_warps(mxfp4), cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases (with MXFP4 weights,
-// KILN_MOE_GEMM_MXFP4_SHARED_BYTES and at least KILN_MOE_GEMM_MXFP4_MIN_TOKENS tokens),
+// KILN_MOE_GEMM_MXFP4_SHARED_BYTES and kiln_moe_mxfp4_gemm_pays),
 // KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
 #pragma once
 
@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   tensor_cores = kFormat == kWeightsBf16
                      ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
-                     : !kActMxfp8 && p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
+                     : !kActMxfp8 && kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
 #endif
   // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
   // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
@@ -670,7 +670,6 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
     __shared__ int tile_of_stage[kMoeStages];
     __shared__ int slice_after;
-    __shared__ MoeConverterJob converter_jobs[kMoeConverterJobSlots];  // MXFP4's converters
     MoeGemmPipeline pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
     pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
@@ -685,10 +684,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     int slice = 0;
     grid_barrier();
     moe_gemm_phase<kFormat, true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
-                                                                         shared_address(partials), &gemm_counters[0], converter_jobs);
+                                                                         shared_address(partials), &gemm_counters[0]);
     grid_barrier();
     moe_gemm_phase<kFormat, false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
-                                                                          shared_address(partials), &gemm_counters[1], converter_jobs);
+                                                                          shared_address(partials), &gemm_counters[1]);
   }
 #endif
   if (!tensor_cores) {

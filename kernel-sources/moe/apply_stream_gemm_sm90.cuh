@@ -14,9 +14,8 @@
 // for an expert's last tile when it holds at most 64 pairs, 64 x 128 of a 64 x 256 tile (half the
 // MMA work). The CTA has 12 warps (stream_workspace.h).
 // MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA with tiles of
-// 128 columns (m64n128 per math warpgroup, within 128 registers a thread): the first thread of
-// warpgroup 2 still copies A by TMA, and warpgroups 2 and 3 fill B with the weights converted to
-// bf16 (moe_gemm_produce_mxfp4).
+// 128 columns (m64n128 per math warpgroup, within 128 registers a thread): warpgroups 2 and 3
+// copy A by TMA and fill B with the weights converted to bf16 (moe_gemm_produce_mxfp4).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
 //         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
@@ -50,9 +49,8 @@ enum {
   kMoeConverterAhead = 5,      // slices whose weight bytes each converter has in flight
   kMoeConverterSlots = kMoeConverterAhead + 1,
   kMoeConverterSlotBytes = kMoeConverterThreads * (16 + 4),
-  kMoeConverterJobSlots = 8,  // at least kMoeConverterAhead + 1
-  kMoeMathThreads = 256,      // warpgroups 0 and 1: the MMAs and epilogues
-  kMoeProducerThread = 256,   // the first thread of warpgroup 2: every copy
+  kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
+  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
   kMoeStagingBytes = 1024,
@@ -62,7 +60,6 @@ static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 ker
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
 static_assert(kMoeStages * kMoeMxfp4StageBytes + 1024 + kMoeConverterSlots * kMoeConverterSlotBytes == KILN_MOE_GEMM_MXFP4_SHARED_BYTES,
               "... and the MXFP4 ones, with the converters' raw ring");
-static_assert(kMoeConverterJobSlots > kMoeConverterAhead, "a job stays until its slice is converted");
 static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMathThreads + kMoeConverterThreads, "MXFP4: two math, two converter warpgroups");
 
 // Output columns per tile: 256 with bf16 weights (m64n256 per math warpgroup, in the 12-warp CTA
@@ -285,8 +282,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
-  // projection's columns skip their MMAs.
-  const bool live = t.n0 + n_off < s.n_total;
+  // projection's columns, and MXFP4's second 64 rows of a tile of at most 64 pairs, skip their MMAs.
+  const bool live = t.n0 + n_off < s.n_total && m_off < t.count;
   // Every tile shape accumulates in the same registers. With concatenated weights the first half
   // of a warpgroup's columns is gate, the second up.
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc256[0][0]);
@@ -497,14 +494,6 @@ __device__ __forceinline__ void converter_barrier() {
   asm volatile("bar.sync 8, 256;" ::: "memory");
 }
 
-// One slice's work for the MXFP4 converters, written by their first thread (the leader)
-// kMoeConverterAhead slices ahead of its conversion.
-struct MoeConverterJob {
-  int expert;  // -1: the phase's end
-  int n0, ks;
-  int tile, first, count;  // for the leader: the tile (named in tile_of_stage at ks 0) and its pairs
-};
-
 // The weight row of tile column `column` (0..127) of an MXFP4 tile, and whether it exists: W13
 // rows n0 + column with gate and up interleaved, and for down W2's; with gate and up concatenated,
 // the gate rows of the tile's 64 units, then their up rows, as the epilogue reads them.
@@ -519,25 +508,48 @@ __device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, in
   return n0 + column;
 }
 
-// Where one converter's share of a slice is in global memory: 16 bytes (32 e2m1 values) of one
-// weight row and the byte of their e8m0 scale; null pointers past the matrix or the phase.
-struct MoeConverterSource {
-  const unsigned char* packed;
-  const unsigned char* scale;
-};
-
+// Where one MXFP4 converter is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in
+// the claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay
+// in step as claimed tiles would), and every converter walks that sequence itself: no converter
+// waits on another for its next slice. `packed` and `scale`: this converter's 16 bytes of weights
+// and their scale byte at the tile's first slice (tile column `column`, half `half` of its 64 K
+// values), null where the weight row does not exist or the phase is over.
 template <bool kUp, int kLayout>
-__device__ __forceinline__ MoeConverterSource mxfp4_converter_source(const KilnMoeParams& p, const MoeConverterJob& job, int n_total,
-                                                                     int column, int half) {
-  bool valid = false;
-  const long long row = job.expert < 0 ? 0 : mxfp4_tile_row<kUp, kLayout>(p, job.n0, column, n_total, &valid);
-  if (!valid) return {nullptr, nullptr};
-  const int value0 = job.ks * kMoeTileK + 32 * half;  // the first of this thread's 32 values along K
-  return {static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + job.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
-              row * (kUp ? p.w13_row_stride : p.w2_row_stride) + value0 / 2,
-          (kUp ? p.w13_scale : p.w2_scale) + job.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
-              row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + value0 / 32};
-}
+struct MoeConverterCursor {
+  MoeGemmTile t;
+  int tile, ks;
+  const unsigned char *packed, *scale;
+
+  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
+    tile = blockIdx.x;
+    ks = 0;
+    begin_tile(p, s, column, half);
+  }
+  __device__ void advance(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
+    if (++ks < s.k_steps) return;
+    ks = 0;
+    tile += gridDim.x;
+    begin_tile(p, s, column, half);
+  }
+  __device__ bool done(const MoeGemmShape<kUp, kMoeMxfp4TileN>& s) const { return tile >= s.total_tiles; }
+  // This slice's bytes: 32 bytes and 2 scales further along the row per 64-deep slice.
+  __device__ const unsigned char* packed_now() const { return packed + 32 * ks; }
+  __device__ const unsigned char* scale_now() const { return scale + 2 * ks; }
+
+ private:
+  __device__ void begin_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
+    packed = scale = nullptr;
+    if (tile >= s.total_tiles) return;
+    t = s.tile(p, tile);
+    bool valid = false;
+    const long long row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, column, s.n_total, &valid);
+    if (!valid) return;
+    packed = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
+             row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
+    scale = (kUp ? p.w13_scale : p.w2_scale) + t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
+            row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + half;
+  }
+};
 
 // The converters' raw ring, after the stages in dynamic shared memory: per slot, each converter's
 // 16 bytes of weights, then (after all of them) the aligned 4-byte word holding its scale byte.
@@ -550,28 +562,25 @@ __device__ __forceinline__ unsigned converter_scale_slot(unsigned ring, int slic
   return ring + (slice % kMoeConverterSlots) * kMoeConverterSlotBytes + 16 * kMoeConverterThreads + 4 * converter;
 }
 
+// The cursor's slice into the ring (zeros where it has no weight row); `weights` is any valid
+// address for the copies that fill zeros.
 template <bool kUp, int kLayout>
-__device__ __forceinline__ void mxfp4_converter_fetch(const KilnMoeParams& p, const MoeConverterJob& job, int n_total, int column, int half,
-                                                      unsigned ring, int slice, int converter) {
-  const MoeConverterSource from = mxfp4_converter_source<kUp, kLayout>(p, job, n_total, column, half);
-  const bool valid = from.packed != nullptr;
-  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? from.packed : kUp ? p.w13 : p.w2, valid);
+__device__ __forceinline__ void mxfp4_converter_fetch(const MoeConverterCursor<kUp, kLayout>& at, const void* weights, unsigned ring,
+                                                      int slice, int converter) {
+  const bool valid = at.packed != nullptr;
+  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? at.packed_now() : weights, valid);
   copy4_async_or_zero(converter_scale_slot(ring, slice, converter),
-                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(from.scale) & ~3ull)
-                      : kUp ? p.w13
-                            : p.w2,
-                      valid);
+                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now()) & ~3ull) : weights, valid);
   commit_copies();
 }
 
-// The 32 values as bf16 (value times scale, exactly) into B's row `column`, 16-byte chunks
-// 4 half .. 4 half + 3 of its 128 bytes, in the 128-byte swizzle the MMAs read (chunk c of row r at
-// c ^ (r % 8)). Each e2m1 word decodes to pairs of values (i, i + 4), permuted back to K order.
+// The 32 values of a converter's 16 bytes as bf16 (value times scale, exactly): chunk j holds
+// values 8 j .. 8 j + 7 in K order. Each e2m1 word decodes to pairs of values (i, i + 4), permuted
+// back to K order.
 template <int kFormat>
-__device__ __forceinline__ void mxfp4_converter_store(const u32 (&words)[4], u32 scale_bits, unsigned b_region, int column, int half) {
+__device__ __forceinline__ void mxfp4_converter_decode(const u32 (&words)[4], u32 scale_bits, u32 (&chunks)[4][4]) {
   const bool large = scale_bits > 128u;  // scales above 2: none in released checkpoints
   const u32 scale = large ? e8m0_to_bf16x2(scale_bits) : tiny_scale_bf16x2(scale_bits);
-  const unsigned row_address = b_region + column * 128;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     u32 pairs[4];
@@ -584,126 +593,118 @@ __device__ __forceinline__ void mxfp4_converter_store(const u32 (&words)[4], u32
       if (large) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
       pairs[i] = bf16x2_mul(pairs[i], scale);
     }
-    const int chunk = 4 * half + j;
-    const unsigned to = row_address + (((chunk ^ column) & 7) << 4);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(to), "r"(__byte_perm(pairs[0], pairs[1], 0x5410)),
-                 "r"(__byte_perm(pairs[2], pairs[3], 0x5410)), "r"(__byte_perm(pairs[0], pairs[1], 0x7632)),
-                 "r"(__byte_perm(pairs[2], pairs[3], 0x7632))
+    chunks[j][0] = __byte_perm(pairs[0], pairs[1], 0x5410);
+    chunks[j][1] = __byte_perm(pairs[2], pairs[3], 0x5410);
+    chunks[j][2] = __byte_perm(pairs[0], pairs[1], 0x7632);
+    chunks[j][3] = __byte_perm(pairs[2], pairs[3], 0x7632);
+  }
+}
+// ... into B's row `column`, 16-byte chunks 4 half .. 4 half + 3 of its 128 bytes, in the 128-byte
+// swizzle the MMAs read (chunk c of row r at c ^ (r % 8)).
+__device__ __forceinline__ void mxfp4_converter_store(const u32 (&chunks)[4][4], unsigned b_region, int column, int half) {
+  const unsigned row_address = b_region + column * 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned to = row_address + ((((4 * half + j) ^ column) & 7) << 4);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(to), "r"(chunks[j][0]), "r"(chunks[j][1]), "r"(chunks[j][2]),
+                 "r"(chunks[j][3])
                  : "memory");
   }
 }
 
 // The MXFP4 producers' whole phase, by warpgroups 2 and 3, from the CTA's running slice count;
-// returns the count after it. The leader (their first thread) claims tiles as the bf16 producer
-// does, writes each slice's job kMoeConverterAhead slices ahead, and copies A by TMA. Every
-// converter (thread i: tile column i / 2, half i % 2 of its 64 K values) copies its weight bytes
-// into the raw ring as soon as their job is known, then, once the stage is released, writes them
-// to B as bf16; after a proxy fence (the MMAs read B through the async proxy) each warp arrives
-// once on the stage's full barrier.
+// returns the count after it. Every converter (thread i: tile column i / 2, half i % 2 of its 64 K
+// values) copies its weight bytes into the raw ring kMoeConverterAhead slices ahead, and, once the
+// stage is released, writes them to B as bf16; after a proxy fence (the MMAs read B through the
+// async proxy) each warp arrives once on the stage's full barrier. Lane 0 of converter warp
+// slice % 8 also names the slice's tile and copies its A by TMA, as the bf16 producer does. The
+// warps keep no step with one another: a per-slice barrier among them made every slice wait for
+// the slowest warp's whole chain (on an H100 the converters then sat at it 29% of their time and
+// the MMAs waited for B 75% of theirs).
 template <bool kUp, int kFormat, int kLayout>
 __device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
-                                                      const MoeGemmPipeline& pipe, int slice, int* counter, MoeConverterJob* jobs) {
-  constexpr int kAhead = kMoeConverterAhead;
+                                                      const MoeGemmPipeline& pipe, int slice) {
+  constexpr int kAhead = kMoeConverterAhead, kWarps = kMoeConverterThreads / 32;
   const int converter = threadIdx.x - kMoeMathThreads, column = converter >> 1, half = converter & 1;
-  const bool leader = converter == 0;
+  const int warp = converter >> 5, lane = converter & 31;
   const unsigned ring = pipe.stage_base + kMoeStages * pipe.stage_bytes;
-  // The leader's claim state, as in MoeGemmProducer.
-  MoeGemmTile t{0, 0, 0, 0};
-  int tile = blockIdx.x, ks = 0, claimed = 0;
-  auto next_job = [&]() {
-    MoeConverterJob j{-1, 0, 0, -1, 0, 0};
-    if (tile >= s.total_tiles) return j;
-    j = {t.expert, t.n0, ks, tile, t.first, t.count};
-    if (++ks == s.k_steps) {
-      ks = 0;
-      tile = claimed;
-      if (tile < s.total_tiles) {
-        t = s.tile(p, tile);
-        claimed = gridDim.x + atomic_add_global(counter, 1);
-      }
-    }
-    return j;
-  };
-  if (leader) {
-    tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
-    if (tile < s.total_tiles) t = s.tile(p, tile);
-    claimed = tile < s.total_tiles ? gridDim.x + atomic_add_global(counter, 1) : s.total_tiles;
-    for (int i = 0; i < kAhead; ++i) jobs[(slice + i) % kMoeConverterJobSlots] = next_job();
-  }
-  converter_barrier();
+  const void* const a_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
+  const void* const weights = kUp ? p.w13 : p.w2;
+  if (converter == 0) tma_prefetch_map(a_map);
+  MoeConverterCursor<kUp, kLayout> fetch, convert;
+  fetch.start(p, s, column, half);
+  convert = fetch;
   for (int i = 0; i < kAhead; ++i) {
-    mxfp4_converter_fetch<kUp, kLayout>(p, jobs[(slice + i) % kMoeConverterJobSlots], s.n_total, column, half, ring, slice + i, converter);
+    mxfp4_converter_fetch(fetch, weights, ring, slice + i, converter);
+    fetch.advance(p, s, column, half);
   }
   for (;; ++slice) {
-    if (leader) jobs[(slice + kAhead) % kMoeConverterJobSlots] = next_job();
-    const MoeConverterJob job = jobs[slice % kMoeConverterJobSlots];
     const unsigned full = pipe.full_barrier(slice), a = pipe.stage(slice);
-    if (leader) {
-      if (slice >= kMoeStages) {
-        const int before = slice - kMoeStages;
-        mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
-        mbarrier_wait(pipe.told_barrier(before), MoeGemmPipeline::parity(before));
-      }
-      // This slice's A, as the bf16 producer copies it.
-      if (job.expert < 0 || job.ks == 0) pipe.tile_of_stage[slice % kMoeStages] = job.expert < 0 ? -1 : job.tile;
-      mbarrier_arrive(pipe.told_barrier(slice));
-      if (job.expert < 0) {
-        mbarrier_arrive(full);
-      } else {
-        const bool two_a = job.count > 64;
-        mbarrier_arrive_expect_tx(full, (two_a ? 128 : 64) * kMoeTileK * 2);
-        const void* a_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
-        tma_load_2d(a, a_map, full, job.ks * kMoeTileK, job.first);
-        if (two_a) tma_load_2d(a + 64 * 128, a_map, full, job.ks * kMoeTileK, job.first + 64);
-      }
+    // The slice's weights are read and decoded into registers before its stage is free, so a
+    // release is followed only by the stores (and the duty's copy of A) before the stage is full.
+    u32 chunks[4][4];
+    const bool end = convert.done(s);
+    if (!end) {
+      wait_copies<kAhead - 1>();  // this slice's bytes are in the ring
+      u32 words[4], scale_word;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                   : "r"(converter_packed_slot(ring, slice, converter)));
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(converter_scale_slot(ring, slice, converter)));
+      const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(convert.scale_now()) & 3))) & 0xFFu;
+      mxfp4_converter_decode<kFormat>(words, scale_bits, chunks);
     }
-    converter_barrier();  // the job kAhead slices on is written
-    mxfp4_converter_fetch<kUp, kLayout>(p, jobs[(slice + kAhead) % kMoeConverterJobSlots], s.n_total, column, half, ring, slice + kAhead,
-                                        converter);
-    if (job.expert < 0) {
-      if (slice >= kMoeStages) mbarrier_wait(pipe.full_barrier(slice - kMoeStages), MoeGemmPipeline::parity(slice - kMoeStages));
-      __syncwarp();
-      if ((converter & 31) == 0) mbarrier_arrive(full);
-      wait_copies<0>();  // nothing left in flight into a ring the next phase reuses
-      return slice + 1;
-    }
-    wait_copies<kAhead>();  // this slice's bytes are in the ring
-    u32 words[4], scale_word;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
-                 : "r"(converter_packed_slot(ring, slice, converter)));
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(converter_scale_slot(ring, slice, converter)));
-    const MoeConverterSource from = mxfp4_converter_source<kUp, kLayout>(p, job, s.n_total, column, half);
-    const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(from.scale) & 3))) & 0xFFu;
     if (slice >= kMoeStages) {
       const int before = slice - kMoeStages;
-      if (!leader) mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+      mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
       // Each arrival of this thread on a barrier is matched by a wait of its own (synccheck).
       mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
     }
-    mxfp4_converter_store<kFormat>(words, scale_bits, a + kMoeTileM * 128, column, half);
+    if (lane == 0 && slice % kWarps == warp) {
+      if (end || convert.ks == 0) pipe.tile_of_stage[slice % kMoeStages] = end ? -1 : convert.tile;
+      mbarrier_arrive(pipe.told_barrier(slice));
+      mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));  // its one arrival completed the phase
+      if (end) {
+        mbarrier_arrive(full);
+      } else {
+        const bool two_a = convert.t.count > 64;
+        mbarrier_arrive_expect_tx(full, (two_a ? 128 : 64) * kMoeTileK * 2);
+        tma_load_2d(a, a_map, full, convert.ks * kMoeTileK, convert.t.first);
+        if (two_a) tma_load_2d(a + 64 * 128, a_map, full, convert.ks * kMoeTileK, convert.t.first + 64);
+      }
+    }
+    if (end) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(full);
+      wait_copies<0>();  // nothing left in flight into a ring the next phase reuses
+      return slice + 1;
+    }
+    mxfp4_converter_store(chunks, a + kMoeTileM * 128, column, half);
     // Every lane's writes are made visible to the async proxy, then ordered before its warp's one
     // arrival (256 arrivals a slice on one barrier serialized in shared memory).
     fence_async_shared();
     __syncwarp();
-    if ((converter & 31) == 0) mbarrier_arrive(full);
+    if (lane == 0) mbarrier_arrive(full);
+    convert.advance(p, s, column, half);
+    mxfp4_converter_fetch(fetch, weights, ring, slice + kAhead, converter);
+    fetch.advance(p, s, column, half);
   }
 }
 
 // One projection over all tiles. kUp: A = x_grouped rows (K = H), B = W13 rows, out act (bf16,
 // grouped order); else A = act rows (K = I), B = W2 rows, out y (bf16, by pair). `slice`: the
 // CTA's running slice count over both phases (the barriers' phases follow it). CTA c starts with
-// tile c; the producer claims each later one from `tile_counter` (zeroed) as it starts loading the
-// one before, so tiles go out in order as CTAs free up: the pair blocks that share a weight tile
-// run at the same time whatever each tile costs, and no CTA is left with a queue at the end.
-// Warpgroups 0 and 1 run the MMAs and epilogues; the first thread of warpgroup 2 issues every
-// copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
+// tile c; with bf16 weights the producer claims each later one from `tile_counter` (zeroed) as it
+// starts loading the one before, so tiles go out in order as CTAs free up: the pair blocks that
+// share a weight tile run at the same time whatever each tile costs, and no CTA is left with a
+// queue at the end. (MXFP4's tiles all cost the same; its converters take every gridDim.x-th.)
+// Warpgroups 0 and 1 run the MMAs and epilogues; with bf16 weights the first thread of warpgroup 2
+// issues every copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
 // warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
 template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
 __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start,
-                               const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter,
-                               MoeConverterJob* jobs) {
+                               const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
   if (warpgroup < 2) {
@@ -712,7 +713,7 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pi
     if (kUp) fence_async_global();
   } else {
     if constexpr (kFormat != kWeightsBf16) {
-      const int after = moe_gemm_produce_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice, tile_counter, jobs);
+      const int after = moe_gemm_produce_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice);
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = after;
     } else {
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);

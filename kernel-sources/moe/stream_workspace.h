@@ -36,13 +36,13 @@ KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return 
 // With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA: tiles of 128
 // output columns (m64n128, 64 accumulators a thread within the 128 registers), four stages of
 // (128 + 128) x 64 bf16, B converted from e2m1 by warpgroups 2 and 3 (whose ring of raw weight
-// bytes, 6 slots of 256 x 20 bytes, follows the stages). They take over from the
-// streaming phases from this many tokens (on an H200, GPT-OSS-120B's layer with prepared weights:
-// 3.57 ms against 3.91 at T = 1024, 3.55 against 2.08 at T = 512), which also keeps them clear of
-// local routing (at most KILN_MOE_LOCAL_MAX_TOKENS tokens), whose dynamic shared memory could
-// otherwise be this size.
+// bytes, 6 slots of 256 x 20 bytes, follows the stages). They take over from the streaming
+// phases from this many routed pairs (kiln_moe_mxfp4_gemm_pays). On an H100, GPT-OSS-120B's layer
+// with prepared weights and biases: the GEMMs 1.94 ms at 1024 tokens x top-2 (the pairs of 512 x
+// top-4), where the streaming phases take 2.28 at 512 x top-4; 1.92 at 1024 x top-1, where they
+// take 1.15 at 256 x top-4 (on an H200).
 #define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (4 * (128 + 128) * 64 * 2 + 1024 + 6 * 256 * 20)
-#define KILN_MOE_GEMM_MXFP4_MIN_TOKENS 1024
+#define KILN_MOE_GEMM_MXFP4_MIN_PAIRS 2048
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
 // 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the
@@ -56,6 +56,12 @@ KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return 
 #define KILN_MOE_LOCAL_MAX_TOKENS 16
 KILN_HOST_DEVICE inline long long kiln_moe_local_x_bytes(long long tokens, long long hidden) {
   return tokens <= KILN_MOE_LOCAL_MAX_TOKENS ? 2 * tokens * hidden : 0;
+}
+// Whether MXFP4 weights take the grouped GEMMs (given sm_90a and the shapes they need): enough
+// routed pairs, and more tokens than local routing handles, whose dynamic shared memory could
+// otherwise be the GEMMs' size.
+KILN_HOST_DEVICE inline int kiln_moe_mxfp4_gemm_pays(long long tokens, long long top_k) {
+  return tokens > KILN_MOE_LOCAL_MAX_TOKENS && tokens * top_k >= KILN_MOE_GEMM_MXFP4_MIN_PAIRS;
 }
 // Whether every CTA routes all tokens itself: at most KILN_MOE_LOCAL_MAX_TOKENS on the streaming
 // phases (not the grouped GEMMs), and with MXFP4 weights a launch whose dynamic shared memory holds

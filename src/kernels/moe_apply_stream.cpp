@@ -30,15 +30,15 @@ bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 // The grouped GEMMs need wgmma (sm_90a) and H and I in whole 64-deep K slices
 // (apply_stream_gemm_sm90.cuh). Their weights and x go through TMA copies and 16-byte loads: 16-byte
 // aligned, with row and expert strides in whole 16 bytes (strides count stored elements: bf16, or
-// bytes of two e2m1 values). With MXFP4 weights they take over from KILN_MOE_GEMM_MXFP4_MIN_TOKENS
-// tokens, which the kernel checks too.
+// bytes of two e2m1 values). With MXFP4 weights they take over where kiln_moe_mxfp4_gemm_pays,
+// which the kernel checks too.
 bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   const bool mxfp4 = p.w13_scale != nullptr;
   const long long per16 = mxfp4 ? 16 : 8;  // stored elements in 16 bytes
   const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % per16 == 0 &&
                        p.w13_expert_stride % per16 == 0 && p.w2_row_stride % per16 == 0 && p.w2_expert_stride % per16 == 0;
   // W4A8 (MXFP8 activations) runs the streaming phases at every T: the GEMMs take bf16 operands as stored.
-  const bool enough = mxfp4 ? p.num_tokens >= KILN_MOE_GEMM_MXFP4_MIN_TOKENS && p.activations_mxfp8 == 0
+  const bool enough = mxfp4 ? kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && p.activations_mxfp8 == 0
                             : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
   return platform.has_feature("mma:wgmma") && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 && enough;
 }

@@ -1568,7 +1568,7 @@ MoeCase mxfp4_case(bool w4a8, int tokens, int hidden, int inter, int experts, in
                  .w4a8 = w4a8};
 }
 
-// The grouped GEMMs with MXFP4 weights (from KILN_MOE_GEMM_MXFP4_MIN_TOKENS tokens on sm_90a):
+// The grouped GEMMs with MXFP4 weights (from KILN_MOE_GEMM_MXFP4_MIN_PAIRS routed pairs on sm_90a):
 // standard and prepared weights, both layouts, both activations, biases, a last column block only
 // half live (H = 192, and GPT-OSS's H = 2880, 45 K steps of up), and every token on one expert. Elsewhere (no wgmma) the same cases run on
 // the streaming phases.
