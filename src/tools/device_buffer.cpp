@@ -1,6 +1,9 @@
 #include "tools/device_buffer.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "backends/backend.hpp"
 #include "kiln/platform.hpp"
@@ -10,6 +13,29 @@ namespace kiln::tools {
 namespace {
 
 detail::VendorBackend& gpu() { return detail::launch_backend(); }
+
+// Fills elements [0, n) a chunk of 2^20 at a time, each chunk from its own generator seeded by
+// (seed, chunk index), on every hardware thread: the values do not depend on the thread count,
+// and GPT-OSS-120B's 3.2e9 expert weights take seconds instead of a minute or more on one thread.
+// fill(rng, begin, end) writes elements [begin, end).
+template <typename Fill>
+void fill_in_chunks(uint32_t seed, size_t n, const Fill& fill) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t c = next++; c < chunks; c = next++) {
+      std::seed_seq seq{seed, static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)};
+      std::mt19937 rng(seq);
+      fill(rng, c * kChunk, std::min(n, (c + 1) * kChunk));
+    }
+  };
+  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), chunks);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& thread : pool) thread.join();
+}
 
 }  // namespace
 
@@ -42,12 +68,14 @@ void Event::wait() const { gpu().event_synchronize(event_); }
 float Event::since(const Event& start) const { return gpu().event_elapsed_ms(start.event_, event_); }
 
 std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, float scale) {
-  std::normal_distribution<float> dist(0.0f, scale);
   std::vector<uint16_t> bits(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float f = dist(rng);
-    bits[i] = dtype == DType::kBF16 ? float_to_bf16(f) : float_to_f16(f);
-  }
+  fill_in_chunks(static_cast<uint32_t>(rng()), n, [&](std::mt19937& chunk_rng, size_t begin, size_t end) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    for (size_t i = begin; i < end; ++i) {
+      const float f = dist(chunk_rng);
+      bits[i] = dtype == DType::kBF16 ? float_to_bf16(f) : float_to_f16(f);
+    }
+  });
   return bits;
 }
 
@@ -58,17 +86,19 @@ std::vector<uint16_t> random_half(std::mt19937& rng, size_t n, DType dtype, floa
 }
 
 std::vector<uint8_t> random_e4m3(std::mt19937& rng, size_t n, float scale, std::vector<double>& values) {
-  std::uniform_int_distribution<int> byte(0, 255);
   std::vector<uint8_t> bits(n);
   values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t b;
-    do {
-      b = static_cast<uint8_t>(byte(rng));
-    } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // not NaN; exponent field at most 9
-    bits[i] = b;
-    values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
-  }
+  fill_in_chunks(static_cast<uint32_t>(rng()), n, [&](std::mt19937& chunk_rng, size_t begin, size_t end) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (size_t i = begin; i < end; ++i) {
+      uint8_t b;
+      do {
+        b = static_cast<uint8_t>(byte(chunk_rng));
+      } while ((b & 0x7f) == 0x7f || ((b >> 3) & 0xF) > 9);  // not NaN; exponent field at most 9
+      bits[i] = b;
+      values[i] = static_cast<double>(e4m3_to_float(b)) * scale;
+    }
+  });
   return bits;
 }
 
@@ -79,11 +109,16 @@ std::vector<double> decode_half(const std::vector<uint16_t>& bits, DType dtype) 
 }
 
 void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
-  std::uniform_int_distribution<int> nibble(0, 15), scale(121, 124);
   packed.assign(rows * k / 2, 0);
   scales.assign(rows * k / 32, 0);
-  for (auto& s : scales) s = static_cast<uint8_t>(scale(rng));
-  for (size_t i = 0; i < rows * k; ++i) packed[i / 2] |= static_cast<uint8_t>(i % 2 ? nibble(rng) << 4 : nibble(rng));
+  fill_in_chunks(static_cast<uint32_t>(rng()), scales.size(), [&](std::mt19937& chunk_rng, size_t begin, size_t end) {
+    std::uniform_int_distribution<int> scale(121, 124);
+    for (size_t i = begin; i < end; ++i) scales[i] = static_cast<uint8_t>(scale(chunk_rng));
+  });
+  fill_in_chunks(static_cast<uint32_t>(rng()), packed.size(), [&](std::mt19937& chunk_rng, size_t begin, size_t end) {
+    std::uniform_int_distribution<int> byte(0, 255);  // two independent uniform nibbles
+    for (size_t i = begin; i < end; ++i) packed[i] = static_cast<uint8_t>(byte(chunk_rng));
+  });
 }
 
 void random_mxfp4(std::mt19937& rng, size_t rows, size_t k, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales,
