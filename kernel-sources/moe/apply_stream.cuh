@@ -168,33 +168,6 @@ __device__ __forceinline__ MoeStepWeights read_step_weights(unsigned stage, int 
   return w;
 }
 
-// W4A8: a lane's 32 activations of one MXFP4 piece -- one MXFP8 block, whatever their k order
-// within each 8 -- quantized in place (quantize_mxfp8_pairs); the results are bf16 values and go
-// through the same bf16 MMAs. From sm_89 on, the hardware's e4m3 conversion rounds (to nearest
-// even, never saturating here since no value exceeds 448).
-__device__ __forceinline__ void quantize_mxfp8_block(u32 (&b)[16]) {
-#if __CUDA_ARCH__ >= 890
-  const int s = mxfp8_pairs_exponent(b);
-  const float down = kiln_pow2(-s), up = kiln_pow2(s);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    unsigned short q;
-    unsigned halves;
-    float q_lo, q_hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
-        : "=h"(q)
-        : "f"(bf16_pair_value(b[i], true) * down), "f"(bf16_pair_value(b[i], false) * down));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(q));  // the first source in the upper half
-    asm("cvt.f32.f16 %0, %1;" : "=f"(q_lo) : "h"(static_cast<unsigned short>(halves & 0xFFFFu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(q_hi) : "h"(static_cast<unsigned short>(halves >> 16)));
-    // q 2^s is a bf16 value: keeping the upper half of its f32 bits is exact.
-    b[i] = (__float_as_uint(q_hi * up) & 0xFFFF0000u) | (__float_as_uint(q_lo * up) >> 16);
-  }
-#else
-  quantize_mxfp8_pairs(b);
-#endif
-}
-
 // B of a piece past K pairs with zero A: read the last piece again, which is in bounds. bf16's up
 // reads the caller's x (read-only: the non-coherent path); MXFP4's up the reordered copy (a
 // generic load: this CTA's shared memory or the workspace), and down act, both written earlier in
@@ -530,7 +503,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   tensor_cores = kFormat == kWeightsBf16
                      ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
-                     : !kActMxfp8 && kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
+                     : kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
 #endif
   // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
   // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
@@ -651,7 +624,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     __syncthreads();
   } else if (tensor_cores) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    moe_gemm_list_pairs(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped), warp, warps, lane);
+    moe_gemm_list_pairs<kActMxfp8>(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped), warp, warps, lane);
 #endif
   } else {  // the list in the workspace, awaited at barrier 1
     for (int q = thread; q < num_pairs; q += threads) {
@@ -686,6 +659,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     moe_gemm_phase<kFormat, true, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
                                                                          shared_address(partials), &gemm_counters[0]);
     grid_barrier();
+    if constexpr (kActMxfp8) {  // W4A8: act quantized in place, read by down's copies after the barrier
+      moe_gemm_quantize_act(p, act16, pair_start, thread, threads);
+      grid_barrier();
+    }
     moe_gemm_phase<kFormat, false, kActivation, kLayout, kBias13, kBias2>(p, pipe, slice, mtile_start, pair_start, pairs, act16, y16,
                                                                           shared_address(partials), &gemm_counters[1]);
   }

@@ -119,10 +119,13 @@ struct MoeGemmShape {
 // The group phase's pair list in the workspace, awaited at barrier 1, and x_grouped for the up
 // GEMM's copies: the x row of each listed pair at its slot (in the second half of y's region,
 // which bf16 y leaves free). Each warp takes an even share of the pairs (lane j: pair j of a group
-// of 32) and copies their rows together, 16 bytes per lane.
+// of 32) and copies their rows together, 16 bytes per lane; with W4A8 (kActMxfp8) 64 bytes, one
+// MXFP8 block of 32 values, which it quantizes on the way.
+template <bool kActMxfp8>
 __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, const int* ids, const int* pair_start, int* fill, int* pairs,
                                                     bf16* x_grouped, int warp, int warps, int lane) {
-  const int num_pairs = p.num_tokens * p.top_k, per_row = p.hidden / 8;
+  constexpr int kValues = kActMxfp8 ? 32 : 8;  // per lane and copy
+  const int num_pairs = p.num_tokens * p.top_k, per_row = p.hidden / kValues;
   const int share = (num_pairs + warps - 1) / warps, first = warp * share, last = min(num_pairs, first + share);
   for (int q0 = first; q0 < last; q0 += 32) {
     const int q = q0 + lane, rows = min(32, last - q0);
@@ -133,12 +136,56 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
       const int i = base + lane, j = min(i / per_row, 31), chunk = i - j * per_row;
       const int to = __shfl_sync(0xffffffffu, slot, j);
       if (i < rows * per_row && to >= 0) {
-        const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + 8 * chunk;
-        store16(x_grouped + static_cast<long long>(to) * p.hidden + 8 * chunk, load16(from));
+        const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + kValues * chunk;
+        bf16* const into = x_grouped + static_cast<long long>(to) * p.hidden + kValues * chunk;
+        if constexpr (kActMxfp8) {
+          u32 block[16];
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const Bf16x8 piece = load16(from + 8 * v);
+#pragma unroll
+            for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
+          }
+          quantize_mxfp8_block(block);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            Bf16x8 piece;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
+            store16(into + 8 * v, piece);
+          }
+        } else {
+          store16(into, load16(from));
+        }
       }
     }
   }
   fence_async_global();  // the writes above are read by TMA copies
+}
+
+// W4A8, between the up and down GEMMs (after a grid barrier, before another): every act row of a
+// listed pair quantized in place, in MXFP8 blocks of 32 consecutive units, one block a thread.
+__device__ __forceinline__ void moe_gemm_quantize_act(const KilnMoeParams& p, bf16* act, const int* pair_start, int thread, int threads) {
+  const long long per_row = p.intermediate / 32, blocks = static_cast<long long>(pair_start[p.num_experts]) * per_row;
+  for (long long b = thread; b < blocks; b += threads) {
+    bf16* const at = act + (b / per_row) * p.intermediate + 32 * (b % per_row);
+    u32 block[16];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const Bf16x8 piece = load16_written(at + 8 * v);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
+    }
+    quantize_mxfp8_block(block);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      Bf16x8 piece;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
+      store16(at + 8 * v, piece);
+    }
+  }
+  fence_async_global();  // read by down's TMA copies after the grid barrier
 }
 
 // The stages' mbarriers and the tile each tile's first slice belongs to, in the kernel's static

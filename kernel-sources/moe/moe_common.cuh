@@ -128,6 +128,34 @@ __device__ __forceinline__ void quantize_mxfp8_pairs(u32 (&w)[16]) {
   }
 }
 
+// W4A8: a lane's 32 activations held as bf16 pairs -- one MXFP8 block, in any order (a streaming
+// phase's MXFP4 piece, or 32 consecutive values of the grouped GEMMs' x or act rows) -- quantized
+// in place (quantize_mxfp8_pairs); the results are bf16 values and go through the same bf16 MMAs.
+// From sm_89 on, the hardware's e4m3 conversion rounds (to nearest even, never saturating here
+// since no value exceeds 448).
+__device__ __forceinline__ void quantize_mxfp8_block(u32 (&b)[16]) {
+#if __CUDA_ARCH__ >= 890
+  const int s = mxfp8_pairs_exponent(b);
+  const float down = kiln_pow2(-s), up = kiln_pow2(s);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    unsigned short q;
+    unsigned halves;
+    float q_lo, q_hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+        : "=h"(q)
+        : "f"(bf16_pair_value(b[i], true) * down), "f"(bf16_pair_value(b[i], false) * down));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(q));  // the first source in the upper half
+    asm("cvt.f32.f16 %0, %1;" : "=f"(q_lo) : "h"(static_cast<unsigned short>(halves & 0xFFFFu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(q_hi) : "h"(static_cast<unsigned short>(halves >> 16)));
+    // q 2^s is a bf16 value: keeping the upper half of its f32 bits is exact.
+    b[i] = (__float_as_uint(q_hi * up) & 0xFFFF0000u) | (__float_as_uint(q_lo * up) >> 16);
+  }
+#else
+  quantize_mxfp8_pairs(b);
+#endif
+}
+
 // The expert e with start[e] * scale <= item < start[e + 1] * scale, for a per-expert prefix
 // `start` (item counts scaled by `scale` work items per unit).
 __device__ __forceinline__ int find_expert(const int* start, int experts, int item, int scale) {
