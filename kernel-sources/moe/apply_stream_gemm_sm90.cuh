@@ -116,6 +116,27 @@ struct MoeGemmShape {
   }
 };
 
+// W4A8: 32 consecutive bf16 values (one MXFP8 block) from `from`, read 16 bytes at a time by
+// `load`, quantized (quantize_mxfp8_block) and written to `into` (which may be `from`).
+template <typename Load>
+__device__ __forceinline__ void copy_quantized_mxfp8_block(const bf16* from, bf16* into, const Load& load) {
+  u32 block[16];
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const Bf16x8 piece = load(from + 8 * v);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
+  }
+  quantize_mxfp8_block(block);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    Bf16x8 piece;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
+    store16(into + 8 * v, piece);
+  }
+}
+
 // The group phase's pair list in the workspace, awaited at barrier 1, and x_grouped for the up
 // GEMM's copies: the x row of each listed pair at its slot (in the second half of y's region,
 // which bf16 y leaves free). Each warp takes an even share of the pairs (lane j: pair j of a group
@@ -139,21 +160,7 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
         const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + kValues * chunk;
         bf16* const into = x_grouped + static_cast<long long>(to) * p.hidden + kValues * chunk;
         if constexpr (kActMxfp8) {
-          u32 block[16];
-#pragma unroll
-          for (int v = 0; v < 4; ++v) {
-            const Bf16x8 piece = load16(from + 8 * v);
-#pragma unroll
-            for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
-          }
-          quantize_mxfp8_block(block);
-#pragma unroll
-          for (int v = 0; v < 4; ++v) {
-            Bf16x8 piece;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
-            store16(into + 8 * v, piece);
-          }
+          copy_quantized_mxfp8_block(from, into, [](const bf16* at) { return load16(at); });  // x: read-only
         } else {
           store16(into, load16(from));
         }
@@ -169,21 +176,7 @@ __device__ __forceinline__ void moe_gemm_quantize_act(const KilnMoeParams& p, bf
   const long long per_row = p.intermediate / 32, blocks = static_cast<long long>(pair_start[p.num_experts]) * per_row;
   for (long long b = thread; b < blocks; b += threads) {
     bf16* const at = act + (b / per_row) * p.intermediate + 32 * (b % per_row);
-    u32 block[16];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const Bf16x8 piece = load16_written(at + 8 * v);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
-    }
-    quantize_mxfp8_block(block);
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      Bf16x8 piece;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
-      store16(at + 8 * v, piece);
-    }
+    copy_quantized_mxfp8_block(at, at, [](const bf16* from) { return load16_written(from); });
   }
   fence_async_global();  // read by down's TMA copies after the grid barrier
 }
