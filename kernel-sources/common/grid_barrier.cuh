@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/prelude.cuh"
+#include "common/vector_memory.cuh"
 
 namespace kiln {
 
@@ -20,6 +21,12 @@ __device__ __forceinline__ float load_l2(const float* p) {
 }
 __device__ __forceinline__ void load_l2_4(const float* p, float* v) {
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p) : "memory");
+}
+// 16 bytes (eight bf16) likewise, where load16's read-only path may serve stale lines.
+__device__ __forceinline__ Bf16x8 load_l2_16(const void* p) {
+  Bf16x8 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p) : "memory");
+  return v;
 }
 
 // All CTAs of the (cooperative) grid arrive before any leaves. The counter is the barrier word the

@@ -17,13 +17,6 @@ __device__ __forceinline__ Bf16x8 load16(const void* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
 }
-// 16 bytes that other CTAs wrote earlier in this launch (ordered by a grid barrier): through L2
-// (ld.global.cg), where load16's read-only path may serve stale lines.
-__device__ __forceinline__ Bf16x8 load16_written(const void* p) {
-  Bf16x8 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p) : "memory");
-  return v;
-}
 // 16 bytes to global memory in one store (a Bf16x8 is 4-byte aligned, so assigning one through a
 // pointer is compiled as four 4-byte stores).
 __device__ __forceinline__ void store16(void* p, const Bf16x8& v) {

@@ -26,6 +26,7 @@
 #include "common/atomics.cuh"
 #include "common/cp_async.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_barrier.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/tma_sm90.cuh"
 #include "common/vector_memory.cuh"
@@ -44,13 +45,12 @@ enum {
   kMoeStages = 4,
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
   kMoeMxfp4StageBytes = (kMoeTileM + kMoeMxfp4TileN) * kMoeTileK * 2,
-  kMoeConverterThreads = 256,  // MXFP4: warpgroups 2 and 3 convert B (the first also copies A)
-  kMoeConverterBarrier = 8,    // their named barrier (bar.sync), once per slice
+  kMoeConverterThreads = 256,  // MXFP4: warpgroups 2 and 3 convert B and copy A
   kMoeConverterAhead = 5,      // slices whose weight bytes each converter has in flight
   kMoeConverterSlots = kMoeConverterAhead + 1,
   kMoeConverterSlotBytes = kMoeConverterThreads * (16 + 4),
   kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
-  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy
+  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy with bf16 weights
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
   kMoeStagingBytes = 1024,
@@ -176,7 +176,7 @@ __device__ __forceinline__ void moe_gemm_quantize_act(const KilnMoeParams& p, bf
   const long long per_row = p.intermediate / 32, blocks = static_cast<long long>(pair_start[p.num_experts]) * per_row;
   for (long long b = thread; b < blocks; b += threads) {
     bf16* const at = act + (b / per_row) * p.intermediate + 32 * (b % per_row);
-    copy_quantized_mxfp8_block(at, at, [](const bf16* from) { return load16_written(from); });
+    copy_quantized_mxfp8_block(at, at, [](const bf16* from) { return load_l2_16(from); });
   }
   fence_async_global();  // read by down's TMA copies after the grid barrier
 }
@@ -526,12 +526,6 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
         moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
     }
   }
-}
-
-// The MXFP4 converters' named barrier (kMoeConverterBarrier, kMoeConverterThreads).
-__device__ __forceinline__ void converter_barrier() {
-  static_assert(kMoeConverterBarrier == 8 && kMoeConverterThreads == 256, "the literals below");
-  asm volatile("bar.sync 8, 256;" ::: "memory");
 }
 
 // The weight row of tile column `column` (0..127) of an MXFP4 tile, and whether it exists: W13
