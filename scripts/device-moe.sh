@@ -2,8 +2,7 @@
 # Runs on the GPU machine over a copy of the tree with .carry/ (scripts/device-bundle.sh): the MoE
 # GPU tests (W4A8 included), kiln check against the reference kernel and float64 with and without
 # W4A8, kiln bench of the GPT-OSS-120B layer, the Python MoE tests, and with --side-by-side the
-# MoE rows of bench/side_by_side.py. Logs under $OUT, a short table last. W4A8's grouped-GEMM path
-# runs in the GPU tests and the timings with KILN_MOE_W4A8_GEMM=1.
+# MoE rows of bench/side_by_side.py. Logs under $OUT, a short table last.
 set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
@@ -18,13 +17,16 @@ for act in bf16 e4m3; do
       "$out/check_${act}_$T.json" $act $T || tail -3 "$out/check_${act}_$T.json"
   done
 done
-# W4A8 three ways: the streaming phases, and from 2048 pairs the grouped GEMMs (KILN_MOE_W4A8_GEMM=1).
-for T in 1 8 64 512 2048 4096; do
-  for act in bf16 e4m3 e4m3-gemm; do
-    ms=$(KILN_MOE_W4A8_GEMM=$([ $act = e4m3-gemm ] && echo 1 || echo 0) timeout 90 $bin/kiln bench moe_apply --json --time-ms 150 \
-      --shape tokens=$T,hidden=2880,inter=2880,experts=128,top_k=4,weights=mxfp4_prepared,bias=bf16,act=${act%-gemm} 2>/dev/null | median)
-    echo "bench T=$T act=$act median_ms=$ms" | tee -a "$out/bench.txt"
+# MXFP4 with bf16 activations and W4A8, beside bf16 weights: the streaming phases, and from 2048
+# routed pairs the grouped GEMMs.
+for T in 1 8 64 512 2048 4096 8192; do
+  line="bench T=$T"
+  for w in bf16:bf16 mxfp4_prepared:bf16 mxfp4_prepared:e4m3; do
+    ms=$(timeout 90 $bin/kiln bench moe_apply --json --time-ms 150 \
+      --shape tokens=$T,hidden=2880,inter=2880,experts=128,top_k=4,weights=${w%:*},bias=bf16,act=${w#*:} 2>/dev/null | median)
+    line="$line $w $ms"
   done
+  echo "$line" | tee -a "$out/bench.txt"
 done
 site=/tmp/kiln-site
 rm -rf "$site"

@@ -505,17 +505,13 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings + 2880 * 2);
   p.num_tokens = 4;
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
-  // MXFP4's grouped GEMMs from KILN_MOE_GEMM_MXFP4_MIN_PAIRS routed pairs (512 tokens at top-4);
-  // with MXFP8 activations only where KILN_MOE_W4A8_GEMM=1.
+  // MXFP4's grouped GEMMs from KILN_MOE_GEMM_MXFP4_MIN_PAIRS routed pairs (512 tokens at top-4),
+  // with MXFP8 activations too.
   p.num_tokens = KILN_MOE_GEMM_MXFP4_MIN_PAIRS / 4;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES});
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
   p.activations_mxfp8 = 1;
-  unsetenv("KILN_MOE_W4A8_GEMM");
-  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
-  setenv("KILN_MOE_W4A8_GEMM", "1", 1);
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES});
-  unsetenv("KILN_MOE_W4A8_GEMM");
   p.activations_mxfp8 = 0;
   p.num_tokens -= 1;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);

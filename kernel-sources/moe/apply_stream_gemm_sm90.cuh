@@ -190,12 +190,14 @@ struct MoeGemmPipeline {
   int* slice_after;      // the running slice count after a phase, from the producer thread
   unsigned stage_base;   // stage 0, 1024-byte aligned
   unsigned stage_bytes;  // kMoeStageBytes, or kMoeMxfp4StageBytes
-  __device__ unsigned full_barrier(int slice) const { return full + 8 * (slice % kMoeStages); }
-  __device__ unsigned told_barrier(int slice) const { return told + 8 * (slice % kMoeStages); }
-  __device__ unsigned empty_barrier(int slice) const { return empty + 8 * (slice % kMoeStages); }
-  __device__ unsigned stage(int slice) const { return stage_base + (slice % kMoeStages) * stage_bytes; }
+  // Slice counts are never negative: as unsigned, the stage and phase are a mask and a shift.
+  __device__ unsigned full_barrier(int slice) const { return full + 8 * index(slice); }
+  __device__ unsigned told_barrier(int slice) const { return told + 8 * index(slice); }
+  __device__ unsigned empty_barrier(int slice) const { return empty + 8 * index(slice); }
+  __device__ unsigned stage(int slice) const { return stage_base + index(slice) * stage_bytes; }
+  static __device__ unsigned index(int slice) { return static_cast<unsigned>(slice) % kMoeStages; }
   // Uses of a stage complete its barriers' phases in turn: slice s is use s / kMoeStages.
-  static __device__ unsigned parity(int slice) { return (slice / kMoeStages) & 1; }
+  static __device__ unsigned parity(int slice) { return (static_cast<unsigned>(slice) / kMoeStages) & 1; }
 };
 
 // Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
@@ -250,13 +252,13 @@ struct MoeGemmProducer {
     }
     const unsigned full = pipe.full_barrier(slice);
     if (tile >= s.total_tiles) {
-      pipe.tile_of_stage[slice % kMoeStages] = -1;
+      pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = -1;
       mbarrier_arrive(pipe.told_barrier(slice));
       mbarrier_arrive(full);
       finished = true;
       return;
     }
-    if (ks == 0) pipe.tile_of_stage[slice % kMoeStages] = tile;
+    if (ks == 0) pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = tile;
     mbarrier_arrive(pipe.told_barrier(slice));
     // A: the tile's pairs in one or two boxes of 64 rows (the rows past them feed only
     // accumulator rows the epilogue drops, whatever the stage held); B: 256 weight rows. Fewer,
@@ -507,7 +509,7 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     // is refilled only after this slice is released.
     mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));
     mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));
-    const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[slice % kMoeStages]);
+    const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[MoeGemmPipeline::index(slice)]);
     if (tile < 0) {  // the end marker
       mbarrier_arrive(pipe.empty_barrier(slice));
       return;
@@ -545,14 +547,14 @@ __device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, in
 // Where one MXFP4 converter is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in
 // the claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay
 // in step as claimed tiles would), and every converter walks that sequence itself: no converter
-// waits on another for its next slice. `packed` and `scale`: this converter's 16 bytes of weights
-// and their scale byte at the tile's first slice (tile column `column`, half `half` of its 64 K
-// values), null where the weight row does not exist or the phase is over.
+// waits on another for its next slice. `packed_now` and `scale_now`: this converter's 16 bytes of
+// weights and their scale byte at slice `ks` of the tile (tile column `column`, half `half` of its
+// 64 K values), null where the weight row does not exist or the phase is over.
 template <bool kUp, int kLayout>
 struct MoeConverterCursor {
   MoeGemmTile t;
   int tile, ks;
-  const unsigned char *packed, *scale;
+  const unsigned char *packed_now, *scale_now;
 
   __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
     tile = blockIdx.x;
@@ -560,28 +562,31 @@ struct MoeConverterCursor {
     begin_tile(p, s, column, half);
   }
   __device__ void advance(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
-    if (++ks < s.k_steps) return;
+    if (++ks < s.k_steps) {
+      if (packed_now != nullptr) {  // 32 bytes and 2 scales further along the row per 64-deep slice
+        packed_now += 32;
+        scale_now += 2;
+      }
+      return;
+    }
     ks = 0;
     tile += gridDim.x;
     begin_tile(p, s, column, half);
   }
   __device__ bool done(const MoeGemmShape<kUp, kMoeMxfp4TileN>& s) const { return tile >= s.total_tiles; }
-  // This slice's bytes: 32 bytes and 2 scales further along the row per 64-deep slice.
-  __device__ const unsigned char* packed_now() const { return packed + 32 * ks; }
-  __device__ const unsigned char* scale_now() const { return scale + 2 * ks; }
 
  private:
   __device__ void begin_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
-    packed = scale = nullptr;
+    packed_now = scale_now = nullptr;
     if (tile >= s.total_tiles) return;
     t = s.tile(p, tile);
     bool valid = false;
     const long long row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, column, s.n_total, &valid);
     if (!valid) return;
-    packed = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
-             row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
-    scale = (kUp ? p.w13_scale : p.w2_scale) + t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
-            row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + half;
+    packed_now = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
+                 row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
+    scale_now = (kUp ? p.w13_scale : p.w2_scale) + t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
+                row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + half;
   }
 };
 
@@ -590,10 +595,10 @@ struct MoeConverterCursor {
 // cp.async fills it kMoeConverterAhead slices ahead; each converter reads back only what it
 // copied, so no barrier guards it.
 __device__ __forceinline__ unsigned converter_packed_slot(unsigned ring, int slice, int converter) {
-  return ring + (slice % kMoeConverterSlots) * kMoeConverterSlotBytes + 16 * converter;
+  return ring + static_cast<unsigned>(slice) % kMoeConverterSlots * kMoeConverterSlotBytes + 16 * converter;
 }
 __device__ __forceinline__ unsigned converter_scale_slot(unsigned ring, int slice, int converter) {
-  return ring + (slice % kMoeConverterSlots) * kMoeConverterSlotBytes + 16 * kMoeConverterThreads + 4 * converter;
+  return ring + static_cast<unsigned>(slice) % kMoeConverterSlots * kMoeConverterSlotBytes + 16 * kMoeConverterThreads + 4 * converter;
 }
 
 // The cursor's slice into the ring (zeros where it has no weight row); `weights` is any valid
@@ -601,19 +606,21 @@ __device__ __forceinline__ unsigned converter_scale_slot(unsigned ring, int slic
 template <bool kUp, int kLayout>
 __device__ __forceinline__ void mxfp4_converter_fetch(const MoeConverterCursor<kUp, kLayout>& at, const void* weights, unsigned ring,
                                                       int slice, int converter) {
-  const bool valid = at.packed != nullptr;
-  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? at.packed_now() : weights, valid);
+  const bool valid = at.packed_now != nullptr;
+  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? at.packed_now : weights, valid);
   copy4_async_or_zero(converter_scale_slot(ring, slice, converter),
-                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now()) & ~3ull) : weights, valid);
+                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now) & ~3ull) : weights, valid);
   commit_copies();
 }
 
 // The 32 values of a converter's 16 bytes as bf16 (value times scale, exactly): chunk j holds
 // values 8 j .. 8 j + 7 in K order. Each e2m1 word decodes to pairs of values (i, i + 4), permuted
 // back to K order.
-template <int kFormat>
+// kLarge: some lane of the warp has a scale above 2 (none in released checkpoints), which takes
+// a second multiply; without one the warp runs none of them (a warp-uniform branch in the caller).
+template <int kFormat, bool kLarge>
 __device__ __forceinline__ void mxfp4_converter_decode(const u32 (&words)[4], u32 scale_bits, u32 (&chunks)[4][4]) {
-  const bool large = scale_bits > 128u;  // scales above 2: none in released checkpoints
+  const bool large = kLarge && scale_bits > 128u;
   const u32 scale = large ? e8m0_to_bf16x2(scale_bits) : tiny_scale_bf16x2(scale_bits);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -624,7 +631,7 @@ __device__ __forceinline__ void mxfp4_converter_decode(const u32 (&words)[4], u3
       e2m1x8_to_tiny_bf16x2(words[j], pairs);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (large) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
+      if (kLarge && large) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
       pairs[i] = bf16x2_mul(pairs[i], scale);
     }
     chunks[j][0] = __byte_perm(pairs[0], pairs[1], 0x5410);
@@ -685,8 +692,11 @@ __device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, co
                    : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
                    : "r"(converter_packed_slot(ring, slice, converter)));
       asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(converter_scale_slot(ring, slice, converter)));
-      const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(convert.scale_now()) & 3))) & 0xFFu;
-      mxfp4_converter_decode<kFormat>(words, scale_bits, chunks);
+      const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(convert.scale_now) & 3))) & 0xFFu;
+      if (__any_sync(0xffffffffu, scale_bits > 128u))  // `end` is the same for the whole CTA
+        mxfp4_converter_decode<kFormat, true>(words, scale_bits, chunks);
+      else
+        mxfp4_converter_decode<kFormat, false>(words, scale_bits, chunks);
     }
     if (slice >= kMoeStages) {
       const int before = slice - kMoeStages;
@@ -695,7 +705,7 @@ __device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, co
       mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
     }
     if (lane == 0 && slice % kWarps == warp) {
-      if (end || convert.ks == 0) pipe.tile_of_stage[slice % kMoeStages] = end ? -1 : convert.tile;
+      if (end || convert.ks == 0) pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = end ? -1 : convert.tile;
       mbarrier_arrive(pipe.told_barrier(slice));
       mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));  // its one arrival completed the phase
       if (end) {

@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 
-#include "core/env.hpp"
 #include "kernels/moe_signature.hpp"
 #include "kiln/registry.hpp"
 #include "moe/params.h"
@@ -38,12 +37,9 @@ bool use_grouped_gemm(const KilnMoeParams& p, const Platform& platform) {
   const long long per16 = mxfp4 ? 16 : 8;  // stored elements in 16 bytes
   const bool aligned = aligned16(p.x) && aligned16(p.w13) && aligned16(p.w2) && p.x_row_stride % 8 == 0 && p.w13_row_stride % per16 == 0 &&
                        p.w13_expert_stride % per16 == 0 && p.w2_row_stride % per16 == 0 && p.w2_expert_stride % per16 == 0;
-  // W4A8 (MXFP8 activations) takes the GEMMs, which quantize x and act in place before their
-  // copies, only where KILN_MOE_W4A8_GEMM=1: that path has not yet run on a GPU. Otherwise the
-  // streaming phases at every T.
-  const bool w4a8_gemm = p.activations_mxfp8 == 0 || detail::env_int("KILN_MOE_W4A8_GEMM").value_or(0) == 1;
-  const bool enough = mxfp4 ? kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && w4a8_gemm
-                            : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
+  // W4A8 (MXFP8 activations) takes them as MXFP4 does: they quantize x and act before their copies.
+  const bool enough =
+      mxfp4 ? kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) : static_cast<long long>(p.num_tokens) * p.top_k >= kGemmMinPairs;
   return platform.has_feature("mma:wgmma") && aligned && p.hidden % 64 == 0 && p.intermediate % 64 == 0 && enough;
 }
 

@@ -1599,14 +1599,12 @@ TEST_F(Gpu, MoeW4a8MatchesFloat64) {
   };
   for (const auto& c : cases) run_moe_case(rng, c);
   // The grouped GEMMs (sm_90a, from KILN_MOE_GEMM_MXFP4_MIN_PAIRS pairs) with x and act quantized
-  // before their copies, which W4A8 takes only where KILN_MOE_W4A8_GEMM=1.
-  setenv("KILN_MOE_W4A8_GEMM", "1", 1);
+  // before their copies.
   for (const auto& c :
        {mxfp4_case(true, 1000, 256, 128, 16, 4, 1, 1, true, true, false), mxfp4_case(true, 1024, 192, 320, 4, 2, 2, 1, true, true, true),
         mxfp4_case(true, 2000, 256, 192, 32, 4, 0, 0, false, true, false)}) {
     run_moe_case(rng, c);
   }
-  unsetenv("KILN_MOE_W4A8_GEMM");
   Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.reference");
   for (const auto& c : cases) {
     if (c.tokens <= 64) run_moe_case(rng, c);
