@@ -65,6 +65,7 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_SS_PRED_64 "setp.ne.b32 p, %34, 0;\n"
 #define KILN_WGMMA_RS_TAIL_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
 #define KILN_WGMMA_RS_PRED_64 "setp.ne.b32 p, %37, 0;\n"
+#define KILN_WGMMA_RS_K_MAJOR_TAIL_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
 #define KILN_WGMMA_ACC_128                                                                                                               \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), \
       "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),            \
@@ -82,6 +83,7 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
 #define KILN_WGMMA_RS_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
+#define KILN_WGMMA_RS_K_MAJOR_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
 #define KILN_WGMMA_ACC_256                                                                                                               \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), \
       "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),            \
@@ -127,6 +129,10 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long lon
 // B [16 x N] N-major in shared memory.
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b);
+// D = A B (accumulate 0) or D += A B: A in registers as for wgmma_rs, B [16 x N] K-major in shared
+// memory (N rows of 16 K values, as wgmma_ss takes it).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate);
 
 #define KILN_WGMMA_DEFINE(TYPE, N)                                                                                                     \
   template <>                                                                                                                          \
@@ -143,14 +149,26 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&
                  : KILN_WGMMA_ACC_##N                                                                                                  \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                                                        \
   }
+#define KILN_WGMMA_RS_K_MAJOR_DEFINE(TYPE, N)                                                                                  \
+  template <>                                                                                                                  \
+  __device__ __forceinline__ void wgmma_rs_k_major<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b,  \
+                                                            int accumulate) {                                                  \
+    asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
+                                                             " " KILN_WGMMA_D_##N KILN_WGMMA_RS_K_MAJOR_TAIL_##N "}\n"         \
+                 : KILN_WGMMA_ACC_##N                                                                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));                                       \
+  }
 KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
+KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 64)  // the MoE grouped GEMMs with MXFP4 weights
+KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 128)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs
 KILN_WGMMA_DEFINE(bf16, 48)   // the sliding-window kernel's key blocks
 KILN_WGMMA_DEFINE(f16, 48)
 #undef KILN_WGMMA_DEFINE
+#undef KILN_WGMMA_RS_K_MAJOR_DEFINE
 
 // D = A B^T over K in steps of 16 (the first step overwrites D), A [64 x K] and B [N x K] K-major
 // in 128-byte-swizzled tiles whose 64-column atom columns are a_atom_bytes and b_atom_bytes apart:

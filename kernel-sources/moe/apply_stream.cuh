@@ -216,27 +216,12 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], const MoeStepWeights& 
       mma_16816<bf16>(acc, regs, a.b[2 * i], a.b[2 * i + 1]);
     }
   } else {
-    const u32 scale_lo = kLargeScales ? e8m0_to_bf16x2(w.scale_lo) : tiny_scale_bf16x2(w.scale_lo);
-    const u32 scale_hi = kLargeScales ? e8m0_to_bf16x2(w.scale_hi) : tiny_scale_bf16x2(w.scale_hi);
+    const u32 scale_lo = mxfp4_scale_bf16x2<kLargeScales>(w.scale_lo), scale_hi = mxfp4_scale_bf16x2<kLargeScales>(w.scale_hi);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // word j: values 8 j .. 8 j + 7 in pairs (i, i + 4), MMAs 2 j and 2 j + 1
       u32 lo[4], hi[4];
-      if (kFormat == kWeightsMxfp4Prepared) {
-        e2m1x8_prepared_to_tiny_bf16x2(w.lo.w[j], lo);
-        e2m1x8_prepared_to_tiny_bf16x2(w.hi.w[j], hi);
-      } else {
-        e2m1x8_to_tiny_bf16x2(w.lo.w[j], lo);
-        e2m1x8_to_tiny_bf16x2(w.hi.w[j], hi);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (kLargeScales) {
-          lo[i] = bf16x2_mul(lo[i], 0x7E807E80u);  // 2^126
-          hi[i] = bf16x2_mul(hi[i], 0x7E807E80u);
-        }
-        lo[i] = bf16x2_mul(lo[i], scale_lo);
-        hi[i] = bf16x2_mul(hi[i], scale_hi);
-      }
+      mxfp4_word_to_bf16x2<kFormat, kLargeScales>(w.lo.w[j], scale_lo, lo);
+      mxfp4_word_to_bf16x2<kFormat, kLargeScales>(w.hi.w[j], scale_hi, hi);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const unsigned regs[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
@@ -624,7 +609,8 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     __syncthreads();
   } else if (tensor_cores) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    moe_gemm_list_pairs<kActMxfp8>(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped), warp, warps, lane);
+    moe_gemm_list_pairs<kFormat != kWeightsBf16, kActMxfp8>(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped),
+                                                            warp, warps, lane);
 #endif
   } else {  // the list in the workspace, awaited at barrier 1
     for (int q = thread; q < num_pairs; q += threads) {
@@ -640,13 +626,14 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   if (tensor_cores) {
     static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes),
                   "the GEMM epilogues' staging fits in partials");
-    __shared__ __align__(8) unsigned long long gemm_barriers[3 * kMoeStages];
-    __shared__ int tile_of_stage[kMoeStages];
+    using Pipe = MoeGemmPipelineOf<kFormat>;
+    __shared__ __align__(8) unsigned long long gemm_barriers[3 * Pipe::kStages];
+    __shared__ int tile_of_stage[Pipe::kStages];
     __shared__ int slice_after;
-    MoeGemmPipeline pipe;
+    Pipe pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
-    pipe.empty = shared_address(&gemm_barriers[kMoeStages]);
-    pipe.told = shared_address(&gemm_barriers[2 * kMoeStages]);
+    pipe.empty = shared_address(&gemm_barriers[Pipe::kStages]);
+    pipe.told = shared_address(&gemm_barriers[2 * Pipe::kStages]);
     pipe.tile_of_stage = tile_of_stage;
     pipe.slice_after = &slice_after;
     pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment

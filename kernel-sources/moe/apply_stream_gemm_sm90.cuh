@@ -13,9 +13,11 @@
 // the tile (m64n256k16; 64 x 128 in a projection's last column block when no more are live), or,
 // for an expert's last tile when it holds at most 64 pairs, 64 x 128 of a 64 x 256 tile (half the
 // MMA work). The CTA has 12 warps (stream_workspace.h).
-// MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA with tiles of
-// 128 columns (m64n128 per math warpgroup, within 128 registers a thread): warpgroups 2 and 3
-// copy A by TMA and fill B with the weights converted to bf16 (moe_gemm_produce_mxfp4).
+// MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA, with eight
+// stages and the operands swapped (moe_gemm_tile_mxfp4): tiles of 128 weight rows (64 a math
+// warpgroup), decoded from the stage into the register A operand of m64n128k16 (within 128
+// registers a thread), against the routed pairs' rows as B; warpgroups 2 and 3 copy the weights as
+// stored by cp.async and the x or act rows by TMA (moe_gemm_copy_mxfp4).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
 //         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
@@ -42,13 +44,15 @@ enum {
   kMoeTileN = 256,                 // output columns per tile (bf16 weights)
   kMoeMxfp4TileN = 128,            // ... with MXFP4 weights
   kMoeTileK = 64,                  // one 128-byte swizzle atom of 16-bit values
-  kMoeStages = 4,
+  kMoeStages = 4,                  // with bf16 weights
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
-  kMoeMxfp4StageBytes = (kMoeTileM + kMoeMxfp4TileN) * kMoeTileK * 2,
-  kMoeConverterThreads = 256,  // MXFP4: warpgroups 2 and 3 convert B and copy A
-  kMoeConverterAhead = 5,      // slices whose weight bytes each converter has in flight
-  kMoeConverterSlots = kMoeConverterAhead + 1,
-  kMoeConverterSlotBytes = kMoeConverterThreads * (16 + 4),
+  // MXFP4: a stage holds a slice's 128 x or act rows (bf16, 128-byte swizzle), then its 128 weight
+  // rows as stored (32 bytes each), then each copier's 4-byte scale word.
+  kMoeMxfp4Stages = 8,
+  kMoeMxfp4XBytes = kMoeTileM * kMoeTileK * 2,
+  kMoeMxfp4RawBytes = kMoeMxfp4TileN * kMoeTileK / 2,
+  kMoeCopierThreads = 256,  // MXFP4: warpgroups 2 and 3 copy the weights and x or act
+  kMoeMxfp4StageBytes = kMoeMxfp4XBytes + kMoeMxfp4RawBytes + kMoeCopierThreads * 4,
   kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
   kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy with bf16 weights
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
@@ -58,12 +62,12 @@ enum {
 };
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
-static_assert(kMoeStages * kMoeMxfp4StageBytes + 1024 + kMoeConverterSlots * kMoeConverterSlotBytes == KILN_MOE_GEMM_MXFP4_SHARED_BYTES,
-              "... and the MXFP4 ones, with the converters' raw ring");
-static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMathThreads + kMoeConverterThreads, "MXFP4: two math, two converter warpgroups");
+static_assert(kMoeMxfp4Stages * kMoeMxfp4StageBytes + 1024 == KILN_MOE_GEMM_MXFP4_SHARED_BYTES, "... and the MXFP4 ones");
+static_assert(kMoeMxfp4StageBytes % 1024 == 0, "every stage's x rows start on a swizzle atom");
+static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMathThreads + kMoeCopierThreads, "MXFP4: two math, two copier warpgroups");
 
 // Output columns per tile: 256 with bf16 weights (m64n256 per math warpgroup, in the 12-warp CTA
-// with 168 registers a thread), 128 with MXFP4 (m64n128 in the 16-warp CTA's 128).
+// with 168 registers a thread), 128 with MXFP4 (the swapped tiles' weight rows, 64 a warpgroup).
 template <int kFormat>
 struct MoeGemmTileN {
   enum { value = kFormat == kWeightsBf16 ? kMoeTileN : kMoeMxfp4TileN };
@@ -116,23 +120,50 @@ struct MoeGemmShape {
   }
 };
 
-// W4A8: 32 consecutive bf16 values (one MXFP8 block) from `from`, read 16 bytes at a time by
-// `load`, quantized (quantize_mxfp8_block) and written to `into` (which may be `from`).
-template <typename Load>
-__device__ __forceinline__ void copy_quantized_mxfp8_block(const bf16* from, bf16* into, const Load& load) {
-  u32 block[16];
+// The MXFP4 GEMMs' K order within each 64-deep slice. wgmma's A fragment gives thread c of a quad
+// the values at k = 16 kk + 8 j + 2 c + e (k step kk, register pair j, e = 0, 1); the GEMMs put there
+// the weight value at r = 16 c + 8 (q / 4) + q % 4 + 4 e (q = 2 kk + j). Each thread's 16 values are
+// then its own 8 contiguous bytes of the e2m1 row, and each decoded pair (values i and i + 4 of a
+// word) is one fragment register. x_grouped and act hold their K in the same order (the group
+// phase and the up epilogue write them so): mxfp4_gemm_k_position(r) is where value r goes.
+__device__ __forceinline__ int mxfp4_gemm_k_position(int r) {
+  const int c = r >> 4, e = (r >> 2) & 1, q = 4 * ((r >> 3) & 1) + (r & 3);
+  return 16 * (q >> 1) + 8 * (q & 1) + 2 * c + e;
+}
+// 64 consecutive bf16 values (32 words, K order) into that order: word 4 q + c of the result holds
+// values 16 c + 8 (q / 4) + q % 4 and 4 further.
+__device__ __forceinline__ void to_mxfp4_gemm_k_order(const u32 (&from)[32], u32 (&to)[32]) {
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const Bf16x8 piece = load(from + 8 * v);
+  for (int q = 0; q < 8; ++q) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) block[4 * v + w] = piece.w[w];
+    for (int c = 0; c < 4; ++c) {
+      const int lo = 16 * c + 8 * (q >> 2) + (q & 3);  // lo and lo + 4 sit in the same half of their words
+      to[4 * q + c] = __byte_perm(from[lo >> 1], from[(lo + 4) >> 1], (lo & 1) ? 0x7632 : 0x5410);
+    }
   }
-  quantize_mxfp8_block(block);
+}
+
+// One 64-deep slice of a row (64 bf16 in K order) from `from` into `into` in the MXFP4 GEMMs' K
+// order; with W4A8 (kActMxfp8) quantized first (quantize_mxfp8_block, two blocks of 32).
+template <bool kActMxfp8>
+__device__ __forceinline__ void copy_slice_in_mxfp4_gemm_order(const bf16* from, bf16* into) {
+  u32 k_order[32], gemm_order[32];
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < 8; ++v) {
+    const Bf16x8 piece = load16(from + 8 * v);  // x: read-only
+#pragma unroll
+    for (int w = 0; w < 4; ++w) k_order[4 * v + w] = piece.w[w];
+  }
+  if constexpr (kActMxfp8) {
+    quantize_mxfp8_block(*reinterpret_cast<u32(*)[16]>(&k_order[0]));
+    quantize_mxfp8_block(*reinterpret_cast<u32(*)[16]>(&k_order[16]));
+  }
+  to_mxfp4_gemm_k_order(k_order, gemm_order);
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
     Bf16x8 piece;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) piece.w[w] = block[4 * v + w];
+    for (int w = 0; w < 4; ++w) piece.w[w] = gemm_order[4 * v + w];
     store16(into + 8 * v, piece);
   }
 }
@@ -140,12 +171,13 @@ __device__ __forceinline__ void copy_quantized_mxfp8_block(const bf16* from, bf1
 // The group phase's pair list in the workspace, awaited at barrier 1, and x_grouped for the up
 // GEMM's copies: the x row of each listed pair at its slot (in the second half of y's region,
 // which bf16 y leaves free). Each warp takes an even share of the pairs (lane j: pair j of a group
-// of 32) and copies their rows together, 16 bytes per lane; with W4A8 (kActMxfp8) 64 bytes, one
-// MXFP8 block of 32 values, which it quantizes on the way.
-template <bool kActMxfp8>
+// of 32) and copies their rows together, 16 bytes per lane; with MXFP4 weights (kMxfp4Order) 128
+// bytes, a 64-deep slice, which it writes in the MXFP4 GEMMs' K order (with W4A8 quantized).
+template <bool kMxfp4Order, bool kActMxfp8>
 __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, const int* ids, const int* pair_start, int* fill, int* pairs,
                                                     bf16* x_grouped, int warp, int warps, int lane) {
-  constexpr int kValues = kActMxfp8 ? 32 : 8;  // per lane and copy
+  static_assert(kMxfp4Order || !kActMxfp8, "W4A8 takes MXFP4 weights");
+  constexpr int kValues = kMxfp4Order ? kMoeTileK : 8;  // per lane and copy
   const int num_pairs = p.num_tokens * p.top_k, per_row = p.hidden / kValues;
   const int share = (num_pairs + warps - 1) / warps, first = warp * share, last = min(num_pairs, first + share);
   for (int q0 = first; q0 < last; q0 += 32) {
@@ -159,8 +191,8 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
       if (i < rows * per_row && to >= 0) {
         const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + kValues * chunk;
         bf16* const into = x_grouped + static_cast<long long>(to) * p.hidden + kValues * chunk;
-        if constexpr (kActMxfp8) {
-          copy_quantized_mxfp8_block(from, into, [](const bf16* at) { return load16(at); });  // x: read-only
+        if constexpr (kMxfp4Order) {
+          copy_slice_in_mxfp4_gemm_order<kActMxfp8>(from, into);
         } else {
           store16(into, load16(from));
         }
@@ -171,20 +203,41 @@ __device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, cons
 }
 
 // W4A8, between the up and down GEMMs (after a grid barrier, before another): every act row of a
-// listed pair quantized in place, in MXFP8 blocks of 32 consecutive units, one block a thread.
+// listed pair quantized to MXFP8 in place, a 64-deep slice a thread. act holds each slice in the
+// MXFP4 GEMMs' K order, where the slice's first block of 32 (in K order) fills the words m with
+// m & 2 == 0, and its second block the others.
 __device__ __forceinline__ void moe_gemm_quantize_act(const KilnMoeParams& p, bf16* act, const int* pair_start, int thread, int threads) {
-  const long long per_row = p.intermediate / 32, blocks = static_cast<long long>(pair_start[p.num_experts]) * per_row;
-  for (long long b = thread; b < blocks; b += threads) {
-    bf16* const at = act + (b / per_row) * p.intermediate + 32 * (b % per_row);
-    copy_quantized_mxfp8_block(at, at, [](const bf16* from) { return load_l2_16(from); });
+  const long long per_row = p.intermediate / kMoeTileK, slices = static_cast<long long>(pair_start[p.num_experts]) * per_row;
+  for (long long b = thread; b < slices; b += threads) {
+    bf16* const at = act + (b / per_row) * p.intermediate + kMoeTileK * (b % per_row);
+    u32 words[32], block[2][16];
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      const Bf16x8 piece = load_l2_16(at + 8 * v);  // written by other CTAs before the barrier
+#pragma unroll
+      for (int w = 0; w < 4; ++w) words[4 * v + w] = piece.w[w];
+    }
+#pragma unroll
+    for (int m = 0; m < 32; ++m) block[(m >> 1) & 1][(m >> 2) * 2 + (m & 1)] = words[m];
+    quantize_mxfp8_block(block[0]);
+    quantize_mxfp8_block(block[1]);
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      Bf16x8 piece;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) piece.w[w] = block[((4 * v + w) >> 1) & 1][((4 * v + w) >> 2) * 2 + (w & 1)];
+      store16(at + 8 * v, piece);
+    }
   }
   fence_async_global();  // read by down's TMA copies after the grid barrier
 }
 
 // The stages' mbarriers and the tile each tile's first slice belongs to, in the kernel's static
 // shared memory: both phases run on them, and a running count of slices gives every wait its phase.
+template <int kStagesOfPipe>
 struct MoeGemmPipeline {
-  unsigned full, empty;  // shared-window addresses of kMoeStages barriers each, 8 bytes apart
+  static constexpr int kStages = kStagesOfPipe;
+  unsigned full, empty;  // shared-window addresses of kStages barriers each, 8 bytes apart
   unsigned told;         // likewise: tile_of_stage written (the producer arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
   int* slice_after;      // the running slice count after a phase, from the producer thread
@@ -195,18 +248,21 @@ struct MoeGemmPipeline {
   __device__ unsigned told_barrier(int slice) const { return told + 8 * index(slice); }
   __device__ unsigned empty_barrier(int slice) const { return empty + 8 * index(slice); }
   __device__ unsigned stage(int slice) const { return stage_base + index(slice) * stage_bytes; }
-  static __device__ unsigned index(int slice) { return static_cast<unsigned>(slice) % kMoeStages; }
-  // Uses of a stage complete its barriers' phases in turn: slice s is use s / kMoeStages.
-  static __device__ unsigned parity(int slice) { return (static_cast<unsigned>(slice) / kMoeStages) & 1; }
+  static __device__ unsigned index(int slice) { return static_cast<unsigned>(slice) % kStages; }
+  // Uses of a stage complete its barriers' phases in turn: slice s is use s / kStages.
+  static __device__ unsigned parity(int slice) { return (static_cast<unsigned>(slice) / kStages) & 1; }
 };
+template <int kFormat>
+using MoeGemmPipelineOf = MoeGemmPipeline<kFormat == kWeightsBf16 ? kMoeStages : kMoeMxfp4Stages>;
 
 // Before the first phase, by thread 0: a stage is full once its copies land (one arrival, with
-// their bytes) and, with MXFP4 weights, each converter warp has written its part of B (one
-// arrival a warp); empty once each math thread has released it. `told` hands over the tile index by a plain
+// their bytes) and, with MXFP4 weights, each copier's weight copies have landed (one arrival a
+// copier); empty once each math thread has released it. `told` hands over the tile index by a plain
 // arrival: thread to thread, without the copies' completion in between.
-__device__ __forceinline__ void moe_gemm_init_barriers(const MoeGemmPipeline& pipe, bool mxfp4) {
-  for (int s = 0; s < kMoeStages; ++s) {
-    mbarrier_init(pipe.full + 8 * s, mxfp4 ? 1 + kMoeConverterThreads / 32 : 1);
+template <class Pipe>
+__device__ __forceinline__ void moe_gemm_init_barriers(const Pipe& pipe, bool mxfp4) {
+  for (int s = 0; s < Pipe::kStages; ++s) {
+    mbarrier_init(pipe.full + 8 * s, mxfp4 ? 1 + kMoeCopierThreads : 1);
     mbarrier_init(pipe.empty + 8 * s, kMoeMathThreads);
     mbarrier_init(pipe.told + 8 * s, 1);
   }
@@ -225,6 +281,7 @@ __device__ __forceinline__ int moe_gemm_warpgroup_columns(const MoeGemmTile& t, 
 // stage, then an end marker. A slice's stage is reused once its slice kMoeStages earlier is released.
 template <bool kUp, int kLayout>
 struct MoeGemmProducer {
+  using Pipe = MoeGemmPipeline<kMoeStages>;
   MoeGemmTile t;  // of the tile being loaded
   int tile;       // >= total_tiles: past the CTA's last tile
   int ks;         // the K step to load next
@@ -239,26 +296,25 @@ struct MoeGemmProducer {
     claimed = tile < s.total_tiles ? gridDim.x + atomic_add_global(counter, 1) : s.total_tiles;
   }
 
-  __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, const MoeGemmPipeline& pipe, int slice,
-                       int* counter) {
+  __device__ void load(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, const Pipe& pipe, int slice, int* counter) {
     if (slice >= kMoeStages) {
       const int before = slice - kMoeStages;
-      mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+      mbarrier_wait(pipe.empty_barrier(slice), Pipe::parity(before));
       // The phases this thread completed on the stage's full and told barriers for that slice
       // ended before its release: these waits return at once, and match each of its arrivals
       // with a wait of its own (compute-sanitizer's synccheck reports "missing wait" otherwise).
-      mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
-      mbarrier_wait(pipe.told_barrier(before), MoeGemmPipeline::parity(before));
+      mbarrier_wait(pipe.full_barrier(before), Pipe::parity(before));
+      mbarrier_wait(pipe.told_barrier(before), Pipe::parity(before));
     }
     const unsigned full = pipe.full_barrier(slice);
     if (tile >= s.total_tiles) {
-      pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = -1;
+      pipe.tile_of_stage[Pipe::index(slice)] = -1;
       mbarrier_arrive(pipe.told_barrier(slice));
       mbarrier_arrive(full);
       finished = true;
       return;
     }
-    if (ks == 0) pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = tile;
+    if (ks == 0) pipe.tile_of_stage[Pipe::index(slice)] = tile;
     mbarrier_arrive(pipe.told_barrier(slice));
     // A: the tile's pairs in one or two boxes of 64 rows (the rows past them feed only
     // accumulator rows the epilogue drops, whatever the stage held); B: 256 weight rows. Fewer,
@@ -298,8 +354,8 @@ struct MoeGemmProducer {
 
 // The producer thread's whole phase, from the CTA's running slice count; returns the count after it.
 template <bool kUp, int kLayout>
-__device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s, const MoeGemmPipeline& pipe,
-                                                int slice, int* counter) {
+__device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeTileN>& s,
+                                                const MoeGemmPipeline<kMoeStages>& pipe, int slice, int* counter) {
   tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct]);
   tma_prefetch_map(&p.tensor_maps[kUp ? kMoeMapW13 : kMoeMapW2]);
   MoeGemmProducer<kUp, kLayout> producer;
@@ -315,8 +371,8 @@ __device__ __forceinline__ int moe_gemm_produce(const KilnMoeParams& p, const Mo
 // mbarrier arrival orders only the arriving thread's accesses (with one arrival per warpgroup,
 // compute-sanitizer's racecheck reported the other threads' reads of tile_of_stage against the
 // producer's rewrite).
-template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2, int kTileN, int kAccRows>
-__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kTileN>& s, const MoeGemmPipeline& pipe,
+template <int kN, bool kSplitRows, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2, int kTileN, class Pipe, int kAccRows>
+__device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kTileN>& s, const Pipe& pipe,
                                               const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y, unsigned staging,
                                               float (&acc256)[kAccRows][4]) {
   static_assert(kN / 8 <= kAccRows, "the accumulators hold the warpgroup's columns");
@@ -324,8 +380,8 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   const int m_off = kSplitRows ? warpgroup * 64 : 0, n_off = kSplitRows ? 0 : warpgroup * kN;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   // Warpgroup-uniform (the tile and warpgroup went through shuffles): column blocks wholly past the
-  // projection's columns, and MXFP4's second 64 rows of a tile of at most 64 pairs, skip their MMAs.
-  const bool live = t.n0 + n_off < s.n_total && m_off < t.count;
+  // projection's columns skip their MMAs.
+  const bool live = t.n0 + n_off < s.n_total;
   // Every tile shape accumulates in the same registers. With concatenated weights the first half
   // of a warpgroup's columns is gate, the second up.
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc256[0][0]);
@@ -360,7 +416,7 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
     }
   }
   for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
-    if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));  // the first: waited by the caller
+    if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));  // the first: waited by the caller
     const unsigned stage = pipe.stage(slice);
     const unsigned a_address = stage + m_off * 128, b_address = stage + kMoeTileM * 128;
     if (live) {
@@ -496,40 +552,6 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   }
 }
 
-// A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
-// MXFP4's 128-column tiles always split their rows between the warpgroups (m64n128 each).
-template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value>& s,
-                                                 const MoeGemmPipeline& pipe, int slice, int warpgroup, bf16* act, bf16* y,
-                                                 unsigned staging) {
-  constexpr int kTileN = MoeGemmTileN<kFormat>::value;
-  float acc[kTileN / 8][4];
-  for (;;) {
-    // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
-    // is refilled only after this slice is released.
-    mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));
-    mbarrier_wait(pipe.full_barrier(slice), MoeGemmPipeline::parity(slice));
-    const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[MoeGemmPipeline::index(slice)]);
-    if (tile < 0) {  // the end marker
-      mbarrier_arrive(pipe.empty_barrier(slice));
-      return;
-    }
-    MoeGemmTile t = s.tile(p, tile);
-    t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
-    t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
-    if constexpr (kTileN == kMoeMxfp4TileN) {
-      moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-    } else {
-      if (t.count <= 64)
-        moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-      else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128)
-        moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-      else
-        moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
-    }
-  }
-}
-
 // The weight row of tile column `column` (0..127) of an MXFP4 tile, and whether it exists: W13
 // rows n0 + column with gate and up interleaved, and for down W2's; with gate and up concatenated,
 // the gate rows of the tile's 64 units, then their up rows, as the epilogue reads them.
@@ -544,14 +566,14 @@ __device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, in
   return n0 + column;
 }
 
-// Where one MXFP4 converter is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in
-// the claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay
-// in step as claimed tiles would), and every converter walks that sequence itself: no converter
-// waits on another for its next slice. `packed_now` and `scale_now`: this converter's 16 bytes of
+// Where one MXFP4 copier is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in the
+// claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay in
+// step as claimed tiles would), and every copier walks that sequence itself: no copier waits on
+// another for its next slice. `packed_now` and `scale_now`: this copier's 16 bytes of
 // weights and their scale byte at slice `ks` of the tile (tile column `column`, half `half` of its
 // 64 K values), null where the weight row does not exist or the phase is over.
 template <bool kUp, int kLayout>
-struct MoeConverterCursor {
+struct MoeWeightCursor {
   MoeGemmTile t;
   int tile, ks;
   const unsigned char *packed_now, *scale_now;
@@ -590,148 +612,244 @@ struct MoeConverterCursor {
   }
 };
 
-// The converters' raw ring, after the stages in dynamic shared memory: per slot, each converter's
-// 16 bytes of weights, then (after all of them) the aligned 4-byte word holding its scale byte.
-// cp.async fills it kMoeConverterAhead slices ahead; each converter reads back only what it
-// copied, so no barrier guards it.
-__device__ __forceinline__ unsigned converter_packed_slot(unsigned ring, int slice, int converter) {
-  return ring + static_cast<unsigned>(slice) % kMoeConverterSlots * kMoeConverterSlotBytes + 16 * converter;
-}
-__device__ __forceinline__ unsigned converter_scale_slot(unsigned ring, int slice, int converter) {
-  return ring + static_cast<unsigned>(slice) % kMoeConverterSlots * kMoeConverterSlotBytes + 16 * kMoeConverterThreads + 4 * converter;
+// Where tile row `row`'s 16-byte half `half` of a slice's weights sits in the stage's raw
+// weights: XOR-swizzled so that the copies (consecutive rows and halves) and the math threads'
+// 8-byte reads (rows 2 g or g of a warp, in moe_gemm_mxfp4_fragments) each meet every bank
+// group equally.
+__device__ __forceinline__ unsigned mxfp4_raw_offset(int row, int half) {
+  return 16u * static_cast<unsigned>((2 * row + half) ^ (((row >> 2) & 3) << 1));
 }
 
-// The cursor's slice into the ring (zeros where it has no weight row); `weights` is any valid
-// address for the copies that fill zeros.
-template <bool kUp, int kLayout>
-__device__ __forceinline__ void mxfp4_converter_fetch(const MoeConverterCursor<kUp, kLayout>& at, const void* weights, unsigned ring,
-                                                      int slice, int converter) {
-  const bool valid = at.packed_now != nullptr;
-  copy16_async_or_zero(converter_packed_slot(ring, slice, converter), valid ? at.packed_now : weights, valid);
-  copy4_async_or_zero(converter_scale_slot(ring, slice, converter),
-                      valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now) & ~3ull) : weights, valid);
-  commit_copies();
-}
-
-// The 32 values of a converter's 16 bytes as bf16 (value times scale, exactly): chunk j holds
-// values 8 j .. 8 j + 7 in K order. Each e2m1 word decodes to pairs of values (i, i + 4), permuted
-// back to K order.
-// kLarge: some lane of the warp has a scale above 2 (none in released checkpoints), which takes
-// a second multiply; without one the warp runs none of them (a warp-uniform branch in the caller).
-template <int kFormat, bool kLarge>
-__device__ __forceinline__ void mxfp4_converter_decode(const u32 (&words)[4], u32 scale_bits, u32 (&chunks)[4][4]) {
-  const bool large = kLarge && scale_bits > 128u;
-  const u32 scale = large ? e8m0_to_bf16x2(scale_bits) : tiny_scale_bf16x2(scale_bits);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    u32 pairs[4];
-    if (kFormat == kWeightsMxfp4Prepared)
-      e2m1x8_prepared_to_tiny_bf16x2(words[j], pairs);
-    else
-      e2m1x8_to_tiny_bf16x2(words[j], pairs);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (kLarge && large) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
-      pairs[i] = bf16x2_mul(pairs[i], scale);
-    }
-    chunks[j][0] = __byte_perm(pairs[0], pairs[1], 0x5410);
-    chunks[j][1] = __byte_perm(pairs[2], pairs[3], 0x5410);
-    chunks[j][2] = __byte_perm(pairs[0], pairs[1], 0x7632);
-    chunks[j][3] = __byte_perm(pairs[2], pairs[3], 0x7632);
-  }
-}
-// ... into B's row `column`, 16-byte chunks 4 half .. 4 half + 3 of its 128 bytes, in the 128-byte
-// swizzle the MMAs read (chunk c of row r at c ^ (r % 8)).
-__device__ __forceinline__ void mxfp4_converter_store(const u32 (&chunks)[4][4], unsigned b_region, int column, int half) {
-  const unsigned row_address = b_region + column * 128;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const unsigned to = row_address + ((((4 * half + j) ^ column) & 7) << 4);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(to), "r"(chunks[j][0]), "r"(chunks[j][1]), "r"(chunks[j][2]),
-                 "r"(chunks[j][3])
-                 : "memory");
-  }
-}
-
-// The MXFP4 producers' whole phase, by warpgroups 2 and 3, from the CTA's running slice count;
-// returns the count after it. Every converter (thread i: tile column i / 2, half i % 2 of its 64 K
-// values) copies its weight bytes into the raw ring kMoeConverterAhead slices ahead, and, once the
-// stage is released, writes them to B as bf16; after a proxy fence (the MMAs read B through the
-// async proxy) each warp arrives once on the stage's full barrier. Lane 0 of converter warp
-// slice % 8 also names the slice's tile and copies its A by TMA, as the bf16 producer does. The
-// warps keep no step with one another: a per-slice barrier among them made every slice wait for
-// the slowest warp's whole chain (on an H100 the converters then sat at it 29% of their time and
-// the MMAs waited for B 75% of theirs).
+// The MXFP4 copiers' whole phase, by warpgroups 2 and 3, from the CTA's running slice count;
+// returns the count after it. Once a stage is released, every copier (thread i: tile row i / 2,
+// half i % 2 of its 64 K values) copies its 16 bytes of weights and the aligned word holding their
+// scale byte into the stage by cp.async (zeros where the row does not exist), whose completion
+// arrives on the stage's full barrier (cp.async.mbarrier.arrive); lane 0 of copier warp slice % 8
+// also names the slice's tile and copies its x or act rows by TMA, as the bf16 producer does. The
+// copiers never wait for their copies, so they run as far ahead as the stages allow.
 template <bool kUp, int kFormat, int kLayout>
-__device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
-                                                      const MoeGemmPipeline& pipe, int slice) {
-  constexpr int kAhead = kMoeConverterAhead, kWarps = kMoeConverterThreads / 32;
-  const int converter = threadIdx.x - kMoeMathThreads, column = converter >> 1, half = converter & 1;
-  const int warp = converter >> 5, lane = converter & 31;
-  const unsigned ring = pipe.stage_base + kMoeStages * pipe.stage_bytes;
-  const void* const a_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
+__device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
+                                                   const MoeGemmPipelineOf<kFormat>& pipe, int slice) {
+  using Pipe = MoeGemmPipelineOf<kFormat>;
+  constexpr int kWarps = kMoeCopierThreads / 32;
+  const int copier = threadIdx.x - kMoeMathThreads, row = copier >> 1, half = copier & 1;
+  const int warp = copier >> 5, lane = copier & 31;
+  const void* const x_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
   const void* const weights = kUp ? p.w13 : p.w2;
-  if (converter == 0) tma_prefetch_map(a_map);
-  MoeConverterCursor<kUp, kLayout> fetch, convert;
-  fetch.start(p, s, column, half);
-  convert = fetch;
-  for (int i = 0; i < kAhead; ++i) {
-    mxfp4_converter_fetch(fetch, weights, ring, slice + i, converter);
-    fetch.advance(p, s, column, half);
-  }
+  if (copier == 0) tma_prefetch_map(x_map);
+  MoeWeightCursor<kUp, kLayout> at;
+  at.start(p, s, row, half);
   for (;; ++slice) {
-    const unsigned full = pipe.full_barrier(slice), a = pipe.stage(slice);
-    // The slice's weights are read and decoded into registers before its stage is free, so a
-    // release is followed only by the stores (and the duty's copy of A) before the stage is full.
-    u32 chunks[4][4];
-    const bool end = convert.done(s);
-    if (!end) {
-      wait_copies<kAhead - 1>();  // this slice's bytes are in the ring
-      u32 words[4], scale_word;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
-                   : "r"(converter_packed_slot(ring, slice, converter)));
-      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(converter_scale_slot(ring, slice, converter)));
-      const u32 scale_bits = (scale_word >> (8 * (reinterpret_cast<unsigned long long>(convert.scale_now) & 3))) & 0xFFu;
-      if (__any_sync(0xffffffffu, scale_bits > 128u))  // `end` is the same for the whole CTA
-        mxfp4_converter_decode<kFormat, true>(words, scale_bits, chunks);
-      else
-        mxfp4_converter_decode<kFormat, false>(words, scale_bits, chunks);
-    }
-    if (slice >= kMoeStages) {
-      const int before = slice - kMoeStages;
-      mbarrier_wait(pipe.empty_barrier(slice), MoeGemmPipeline::parity(before));
+    const unsigned full = pipe.full_barrier(slice), stage = pipe.stage(slice);
+    const bool end = at.done(s);
+    if (slice >= Pipe::kStages) {
+      const int before = slice - Pipe::kStages;
+      mbarrier_wait(pipe.empty_barrier(slice), Pipe::parity(before));
       // Each arrival of this thread on a barrier is matched by a wait of its own (synccheck).
-      mbarrier_wait(pipe.full_barrier(before), MoeGemmPipeline::parity(before));
+      mbarrier_wait(pipe.full_barrier(before), Pipe::parity(before));
     }
     if (lane == 0 && slice % kWarps == warp) {
-      if (end || convert.ks == 0) pipe.tile_of_stage[MoeGemmPipeline::index(slice)] = end ? -1 : convert.tile;
+      if (end || at.ks == 0) pipe.tile_of_stage[Pipe::index(slice)] = end ? -1 : at.tile;
       mbarrier_arrive(pipe.told_barrier(slice));
-      mbarrier_wait(pipe.told_barrier(slice), MoeGemmPipeline::parity(slice));  // its one arrival completed the phase
+      mbarrier_wait(pipe.told_barrier(slice), Pipe::parity(slice));  // its one arrival completed the phase
       if (end) {
         mbarrier_arrive(full);
       } else {
-        const bool two_a = convert.t.count > 64;
-        mbarrier_arrive_expect_tx(full, (two_a ? 128 : 64) * kMoeTileK * 2);
-        tma_load_2d(a, a_map, full, convert.ks * kMoeTileK, convert.t.first);
-        if (two_a) tma_load_2d(a + 64 * 128, a_map, full, convert.ks * kMoeTileK, convert.t.first + 64);
+        const bool two_x = at.t.count > 64;
+        mbarrier_arrive_expect_tx(full, (two_x ? 128 : 64) * kMoeTileK * 2);
+        tma_load_2d(stage, x_map, full, at.ks * kMoeTileK, at.t.first);
+        if (two_x) tma_load_2d(stage + 64 * 128, x_map, full, at.ks * kMoeTileK, at.t.first + 64);
       }
     }
     if (end) {
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(full);
-      wait_copies<0>();  // nothing left in flight into a ring the next phase reuses
+      mbarrier_arrive(full);
       return slice + 1;
     }
-    mxfp4_converter_store(chunks, a + kMoeTileM * 128, column, half);
-    // Every lane's writes are made visible to the async proxy, then ordered before its warp's one
-    // arrival (256 arrivals a slice on one barrier serialized in shared memory).
-    fence_async_shared();
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(full);
-    convert.advance(p, s, column, half);
-    mxfp4_converter_fetch(fetch, weights, ring, slice + kAhead, converter);
-    fetch.advance(p, s, column, half);
+    const bool valid = at.packed_now != nullptr;
+    const unsigned raw = stage + kMoeMxfp4XBytes;
+    copy16_async_or_zero(raw + mxfp4_raw_offset(row, half), valid ? at.packed_now : weights, valid);
+    copy4_async_or_zero(raw + kMoeMxfp4RawBytes + 4 * copier,
+                        valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now) & ~3ull) : weights, valid);
+    arrive_on_copies(full);
+    at.advance(p, s, row, half);
+  }
+}
+
+// Two rows' 16 values each (two words a row) times their scales, as bf16 pairs (values i and
+// i + 4 of word w in pair 4 w + i).
+template <int kFormat, bool kLargeScales>
+__device__ __forceinline__ void mxfp4_rows_to_bf16x2(const u32 (&words)[2][2], const u32 (&bits)[2], u32 (&pairs)[2][8]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const u32 scale = mxfp4_scale_bf16x2<kLargeScales>(bits[i]);
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      u32 four[4];
+      mxfp4_word_to_bf16x2<kFormat, kLargeScales>(words[i][w], scale, four);
+#pragma unroll
+      for (int v = 0; v < 4; ++v) pairs[i][4 * w + v] = four[v];
+    }
+  }
+}
+
+// One slice's A fragments of a math thread: its rows g and g + 8 (tile rows row[0] and row[1] of
+// the stage's raw weights), values r = 16 c .. 16 c + 15 of each, times their scales (the word at
+// copier 2 row + c / 2's scale slot, byte `scale_shift`), as bf16 pairs in fragment order.
+template <int kFormat>
+__device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int (&row)[2], int c, const unsigned (&scale_shift)[2],
+                                                         u32 (&a)[kMoeTileK / 16][4]) {
+  u32 words[2][2], bits[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
+                 : "=r"(words[i][0]), "=r"(words[i][1])
+                 : "r"(raw + mxfp4_raw_offset(row[i], c >> 1) + 8 * (c & 1)));
+    u32 scale_word;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(raw + kMoeMxfp4RawBytes + 4 * (2 * row[i] + (c >> 1))));
+    bits[i] = (scale_word >> scale_shift[i]) & 0xFFu;
+  }
+  u32 pairs[2][8];
+  if (__any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u))
+    mxfp4_rows_to_bf16x2<kFormat, true>(words, bits, pairs);
+  else
+    mxfp4_rows_to_bf16x2<kFormat, false>(words, bits, pairs);
+#pragma unroll
+  for (int kk = 0; kk < kMoeTileK / 16; ++kk) {
+    a[kk][0] = pairs[0][2 * kk];
+    a[kk][1] = pairs[1][2 * kk];
+    a[kk][2] = pairs[0][2 * kk + 1];
+    a[kk][3] = pairs[1][2 * kk + 1];
+  }
+}
+
+// One MXFP4 tile by one math warpgroup, whose first slice's stage is full (`slice` is advanced
+// past the tile), with the operands swapped: D [128 weight rows, kN pairs] = W x^T, the decoded
+// weights the register A operand of m64nNk16 (no shared-memory copy of them, no proxy fence) and
+// the x or act rows the TMA-copied B (kN = 64 for tiles of at most 64 pairs). Warpgroup w takes
+// the tile's weight rows 64 w .. 64 w + 63; for up, thread (warp, g) holds the gate row of unit
+// 32 w + 8 warp + g of the tile in its rows g and its up row in g + 8, so the activation needs no
+// exchange. Epilogue: act at the unit's place in the MXFP4 GEMM K order (for down's copies), or y
+// by pair, bf16.
+template <int kN, bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, class Pipe>
+__device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, const Pipe& pipe,
+                                                    const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y,
+                                                    float (&acc128)[kMoeMxfp4TileN / 8][4]) {
+  float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc128[0][0]);
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
+  const int unit_local = 32 * warpgroup + 8 * warp + g;  // up: this thread's unit of the tile's 64
+  int row[2];                                            // tile rows (as the copiers place them) of fragment rows g, g + 8
+  if (kUp) {
+    row[0] = kConcat ? unit_local : 2 * unit_local;
+    row[1] = kConcat ? 64 + unit_local : 2 * unit_local + 1;
+  } else {
+    row[0] = 64 * warpgroup + 16 * warp + g;
+    row[1] = row[0] + 8;
+  }
+  // Warpgroup-uniform: a warpgroup whose rows all lie past the projection's skips its MMAs.
+  const bool live = kUp ? t.n0 / 2 + 32 * warpgroup < p.intermediate : t.n0 + 64 * warpgroup < p.hidden;
+  // Where each row's scale byte sits in the word its copier copied: the byte address's low bits.
+  unsigned scale_low[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    bool valid = false;
+    const long long w_row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, row[i], s.n_total, &valid);
+    const unsigned char* scale = (kUp ? p.w13_scale : p.w2_scale) +
+                                 t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
+                                 w_row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + (c >> 1);
+    scale_low[i] = static_cast<unsigned>(reinterpret_cast<unsigned long long>(scale)) & 3u;
+  }
+  for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
+    if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));  // the first: waited by the caller
+    const unsigned stage = pipe.stage(slice);
+    if (live) {
+      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+      u32 a[kMoeTileK / 16][4];
+      moe_gemm_mxfp4_fragments<kFormat>(stage + kMoeMxfp4XBytes, row, c, scale_shift, a);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMoeTileK / 16; ++kk)
+        wgmma_rs_k_major<bf16, kN>(acc, a[kk], wgmma_descriptor(stage + kk * 32, 16, 1024), ks > 0 || kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // the fragments' registers are rewritten for the next slice
+    }
+    mbarrier_arrive(pipe.empty_barrier(slice));
+  }
+  if (!live) return;
+  wgmma_fence_operands(acc);
+  if (kUp) {
+    const int unit = t.n0 / 2 + unit_local;
+    if (unit >= p.intermediate) return;
+    const GateUpRows rows = gate_up_rows<kLayout>(unit, p.intermediate);
+    const long long bias = t.expert * p.w13_bias_expert_stride;
+    const float gate_bias = moe_bias<kBias13>(p.w13_bias, bias + rows.gate), up_bias = moe_bias<kBias13>(p.w13_bias, bias + rows.up);
+    // The tile's 64 units are one 64-deep slice of down's K (n0 / 2 is a multiple of 64).
+    bf16* const column = act + static_cast<long long>(t.first) * p.intermediate + t.n0 / 2 + mxfp4_gemm_k_position(unit_local);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * c + e;
+        if (n < t.count)
+          column[static_cast<long long>(n) * p.intermediate] =
+              from_float<bf16>(glu_activation_fast<kActivation>(acc[j][e] + gate_bias, acc[j][2 + e] + up_bias));
+      }
+    }
+  } else {
+    // This thread's rows h (both or neither inside the projection: H is a multiple of 64).
+    const int h = t.n0 + row[0];
+    if (h >= p.hidden) return;
+    const long long bias = t.expert * p.w2_bias_expert_stride + h;
+    const float b0 = moe_bias<kBias2>(p.w2_bias, bias), b1 = moe_bias<kBias2>(p.w2_bias, bias + 8);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * c + e;
+        if (n >= t.count) continue;
+        bf16* const out = y + static_cast<long long>(*reinterpret_cast<const volatile int*>(&s.pairs[t.first + n])) * p.hidden + h;
+        out[0] = from_float<bf16>(acc[j][e] + b0);
+        out[8] = from_float<bf16>(acc[j][2 + e] + b1);
+      }
+    }
+  }
+}
+
+// A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
+// MXFP4's tiles give each warpgroup 64 weight rows against all of the tile's pairs.
+template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
+__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value>& s,
+                                                 const MoeGemmPipelineOf<kFormat>& pipe, int slice, int warpgroup, bf16* act, bf16* y,
+                                                 unsigned staging) {
+  using Pipe = MoeGemmPipelineOf<kFormat>;
+  constexpr int kTileN = MoeGemmTileN<kFormat>::value;
+  float acc[kTileN / 8][4];
+  for (;;) {
+    // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
+    // is refilled only after this slice is released.
+    mbarrier_wait(pipe.told_barrier(slice), Pipe::parity(slice));
+    mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
+    const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[Pipe::index(slice)]);
+    if (tile < 0) {  // the end marker
+      mbarrier_arrive(pipe.empty_barrier(slice));
+      return;
+    }
+    MoeGemmTile t = s.tile(p, tile);
+    t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
+    t.n0 = __shfl_sync(0xffffffffu, t.n0, 0);
+    if constexpr (kTileN == kMoeMxfp4TileN) {
+      if (t.count <= 64)
+        moe_gemm_tile_mxfp4<64, kUp, kFormat, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+      else
+        moe_gemm_tile_mxfp4<128, kUp, kFormat, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+    } else {
+      if (t.count <= 64)
+        moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+      else if (moe_gemm_warpgroup_columns(t, s.n_total) == 128)
+        moe_gemm_tile<128, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+      else
+        moe_gemm_tile<256, true, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);
+    }
   }
 }
 
@@ -741,13 +859,13 @@ __device__ __forceinline__ int moe_gemm_produce_mxfp4(const KilnMoeParams& p, co
 // tile c; with bf16 weights the producer claims each later one from `tile_counter` (zeroed) as it
 // starts loading the one before, so tiles go out in order as CTAs free up: the pair blocks that
 // share a weight tile run at the same time whatever each tile costs, and no CTA is left with a
-// queue at the end. (MXFP4's tiles all cost the same; its converters take every gridDim.x-th.)
+// queue at the end. (MXFP4's tiles all cost the same; its copiers take every gridDim.x-th.)
 // Warpgroups 0 and 1 run the MMAs and epilogues; with bf16 weights the first thread of warpgroup 2
 // issues every copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
 // warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
 template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pipe, int& slice, const int* mtile_start,
+__device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<kFormat>& pipe, int& slice, const int* mtile_start,
                                const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
@@ -757,7 +875,7 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipeline& pi
     if (kUp) fence_async_global();
   } else {
     if constexpr (kFormat != kWeightsBf16) {
-      const int after = moe_gemm_produce_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice);
+      const int after = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice);
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = after;
     } else {
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);

@@ -1,9 +1,10 @@
 // MXFP4 (e2m1 values, e8m0 scales) to bf16 on NVIDIA GPUs, exactly, in a few integer operations
 // and one bf16 multiply per pair: shared by the streaming phases (moe/apply_stream.cuh) and the
-// grouped GEMMs' converters (moe/apply_stream_gemm_sm90.cuh).
+// grouped GEMMs' math threads (moe/apply_stream_gemm_sm90.cuh).
 #pragma once
 
 #include "common/prelude.cuh"
+#include "moe/moe_common.cuh"
 
 namespace kiln {
 
@@ -47,5 +48,27 @@ __device__ __forceinline__ void e2m1x8_prepared_to_tiny_bf16x2(u32 w, u32 (&pair
 // The factor that takes e2m1x8_to_tiny_bf16x2's values to value times the e8m0 scale `bits`:
 // 2^(bits - 1) as a bf16 pair, a normal number for bits <= 128 (scales up to 2).
 __device__ __forceinline__ u32 tiny_scale_bf16x2(u32 bits) { return bits * 0x00800080u + 0x3F003F00u; }
+
+// The scale factor mxfp4_word_to_bf16x2 takes. kLargeScales: some lane of the warp has a scale
+// above 2 (none in released checkpoints), so every lane takes e8m0_to_bf16x2 and a second multiply
+// by 2^126; the callers branch for the whole warp.
+template <bool kLargeScales>
+__device__ __forceinline__ u32 mxfp4_scale_bf16x2(u32 bits) {
+  return kLargeScales ? e8m0_to_bf16x2(bits) : tiny_scale_bf16x2(bits);
+}
+// A word of eight e2m1 values (standard or prepared, kFormat) times its scale, exactly, as four
+// bf16 pairs: pair i holds values i and i + 4.
+template <int kFormat, bool kLargeScales>
+__device__ __forceinline__ void mxfp4_word_to_bf16x2(u32 word, u32 scale, u32 (&pairs)[4]) {
+  if (kFormat == kWeightsMxfp4Prepared)
+    e2m1x8_prepared_to_tiny_bf16x2(word, pairs);
+  else
+    e2m1x8_to_tiny_bf16x2(word, pairs);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (kLargeScales) pairs[i] = bf16x2_mul(pairs[i], 0x7E807E80u);  // 2^126
+    pairs[i] = bf16x2_mul(pairs[i], scale);
+  }
+}
 
 }  // namespace kiln

@@ -16,10 +16,12 @@
 //             not when every CTA routes locally and keeps its own copy)
 //   act       [T * k, I] bf16 (the first half of the region), the activated intermediate vector
 //             of each (token, slot); on the grouped-GEMM path in grouped order (row = slot of
-//             the pair list), which the down GEMM's TMA copies read as consecutive rows
+//             the pair list), which the down GEMM's TMA copies read as consecutive rows, and
+//             with MXFP4 weights each 64-deep slice in those GEMMs' K order
 //   y         [T * k, H] float, the expert's output of each (token, slot), bias included (bf16,
 //             in the first half of the region, on the grouped-GEMM path; the second half then
-//             holds x_grouped [T * k, H] bf16, the x row of each slot, for the up GEMM's copies)
+//             holds x_grouped [T * k, H] bf16, the x row of each slot, for the up GEMM's copies;
+//             with MXFP4 weights in the same K order as act)
 #pragma once
 
 #include "common/host_device.h"
@@ -33,15 +35,12 @@
 // a third that issues the copies.
 KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return mxfp4 ? 16 : 12; }
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
-// With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA: tiles of 128
-// output columns (m64n128, 64 accumulators a thread within the 128 registers), four stages of
-// (128 + 128) x 64 bf16, B converted from e2m1 by warpgroups 2 and 3 (whose ring of raw weight
-// bytes, 6 slots of 256 x 20 bytes, follows the stages). They take over from the streaming
-// phases from this many routed pairs (kiln_moe_mxfp4_gemm_pays). On an H100, GPT-OSS-120B's layer
-// with prepared weights and biases: the GEMMs 1.94 ms at 1024 tokens x top-2 (the pairs of 512 x
-// top-4), where the streaming phases take 2.28 at 512 x top-4; 1.92 at 1024 x top-1, where they
-// take 1.15 at 256 x top-4 (on an H200).
-#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (4 * (128 + 128) * 64 * 2 + 1024 + 6 * 256 * 20)
+// With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA with the
+// operands swapped: 128 weight rows a tile, decoded in the math threads' registers into wgmma's A
+// operand, against up to 128 routed pairs' rows. Eight stages, each a slice's 128 x 64 bf16 x or
+// act rows, the 128 weight rows' 32 bytes as stored and 256 scale words; warpgroups 2 and 3 copy
+// them. They take over from this many routed pairs (kiln_moe_mxfp4_gemm_pays).
+#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (8 * (128 * 64 * 2 + 128 * 32 + 256 * 4) + 1024)
 #define KILN_MOE_GEMM_MXFP4_MIN_PAIRS 2048
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and

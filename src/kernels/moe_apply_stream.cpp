@@ -60,7 +60,7 @@ std::vector<TensorMapRequest> gemm_tensor_maps(const KilnMoeParams& p, const Pla
     return TensorMapRequest::of(slot_offset(slot), base, {columns, count, static_cast<uint64_t>(p.num_experts)},
                                 {static_cast<uint64_t>(row_stride) * 2, static_cast<uint64_t>(expert_stride) * 2}, {64, box_rows, 1});
   };
-  if (p.w13_scale != nullptr) {  // MXFP4: the converters load the weights; only A goes through TMA
+  if (p.w13_scale != nullptr) {  // MXFP4: the copiers load the weights; only x and act go through TMA
     return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs), rows(kMoeMapAct, ws + layout.act, inter, pairs)};
   }
   return {rows(kMoeMapXGrouped, ws + layout.x_grouped, hidden, pairs),
