@@ -63,9 +63,8 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
   "%28, %29, %30, %31}"
 #define KILN_WGMMA_SS_TAIL_64 ", %32, %33, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_64 "setp.ne.b32 p, %34, 0;\n"
-#define KILN_WGMMA_RS_TAIL_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_A_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_64 "setp.ne.b32 p, %37, 0;\n"
-#define KILN_WGMMA_RS_K_MAJOR_TAIL_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
 #define KILN_WGMMA_ACC_128                                                                                                               \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), \
       "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),            \
@@ -81,9 +80,8 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
   "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define KILN_WGMMA_SS_TAIL_128 ", %64, %65, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
-#define KILN_WGMMA_RS_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_A_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
-#define KILN_WGMMA_RS_K_MAJOR_TAIL_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
 #define KILN_WGMMA_ACC_256                                                                                                               \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), \
       "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),            \
@@ -110,7 +108,7 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
   "%127}"
 #define KILN_WGMMA_SS_TAIL_256 ", %128, %129, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_256 "setp.ne.b32 p, %130, 0;\n"
-#define KILN_WGMMA_RS_TAIL_256 ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_A_256 ", {%128, %129, %130, %131}, %132, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_256 "setp.ne.b32 p, %133, 0;\n"
 #define KILN_WGMMA_ACC_48                                                                                                                \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), \
@@ -119,7 +117,7 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_D_48 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}"
 #define KILN_WGMMA_SS_TAIL_48 ", %24, %25, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_48 "setp.ne.b32 p, %26, 0;\n"
-#define KILN_WGMMA_RS_TAIL_48 ", {%24, %25, %26, %27}, %28, p, 1, 1, 1;\n"
+#define KILN_WGMMA_RS_A_48 ", {%24, %25, %26, %27}, %28, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_48 "setp.ne.b32 p, %29, 0;\n"
 
 // D = A B (accumulate 0) or D += A B: A [64 x 16] and B [16 x N], both K-major in shared memory.
@@ -144,24 +142,26 @@ __device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const uns
   }                                                                                                                                    \
   template <>                                                                                                                          \
   __device__ __forceinline__ void wgmma_rs<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b) {                \
-    asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE         \
-                                                             " " KILN_WGMMA_D_##N KILN_WGMMA_RS_TAIL_##N "}\n"                         \
-                 : KILN_WGMMA_ACC_##N                                                                                                  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                                                        \
+    const int accumulate = 1;                                                                                                          \
+    KILN_WGMMA_RS_ASM(TYPE, N, 1);                                                                                                     \
   }
-#define KILN_WGMMA_RS_K_MAJOR_DEFINE(TYPE, N)                                                                                  \
-  template <>                                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs_k_major<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b,  \
-                                                            int accumulate) {                                                  \
-    asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
-                                                             " " KILN_WGMMA_D_##N KILN_WGMMA_RS_K_MAJOR_TAIL_##N "}\n"         \
-                 : KILN_WGMMA_ACC_##N                                                                                          \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));                                       \
+// The register-A MMA's asm: TNSP is B's transpose flag (1: N-major, 0: K-major).
+#define KILN_WGMMA_RS_ASM(TYPE, N, TNSP)                                                                                     \
+  asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
+                                                           " " KILN_WGMMA_D_##N KILN_WGMMA_RS_A_##N #TNSP ";\n}\n"           \
+               : KILN_WGMMA_ACC_##N                                                                                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+#define KILN_WGMMA_RS_K_MAJOR_DEFINE(TYPE, N)                                                                                 \
+  template <>                                                                                                                 \
+  __device__ __forceinline__ void wgmma_rs_k_major<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b, \
+                                                            int accumulate) {                                                 \
+    KILN_WGMMA_RS_ASM(TYPE, N, 0);                                                                                            \
   }
 KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 64)  // the MoE grouped GEMMs with MXFP4 weights
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 128)
+KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 256)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs
@@ -169,6 +169,7 @@ KILN_WGMMA_DEFINE(bf16, 48)   // the sliding-window kernel's key blocks
 KILN_WGMMA_DEFINE(f16, 48)
 #undef KILN_WGMMA_DEFINE
 #undef KILN_WGMMA_RS_K_MAJOR_DEFINE
+#undef KILN_WGMMA_RS_ASM
 
 // D = A B^T over K in steps of 16 (the first step overwrites D), A [64 x K] and B [N x K] K-major
 // in 128-byte-swizzled tiles whose 64-column atom columns are a_atom_bytes and b_atom_bytes apart:

@@ -16,7 +16,8 @@
 // MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA, with eight
 // stages and the operands swapped (moe_gemm_tile_mxfp4): tiles of 128 weight rows (64 a math
 // warpgroup), decoded from the stage into the register A operand of m64n128k16 (within 128
-// registers a thread), against the routed pairs' rows as B; warpgroups 2 and 3 copy the weights as
+// registers a thread; each slice's decode runs under the previous slice's MMAs), against the
+// routed pairs' rows as B; warpgroups 2 and 3 copy the weights as
 // stored by cp.async and the x or act rows by TMA (moe_gemm_copy_mxfp4).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
@@ -566,6 +567,13 @@ __device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, in
   return n0 + column;
 }
 
+// Where expert `expert`'s MXFP4 weight row `row` keeps its scale bytes, one per 32 values.
+template <bool kUp>
+__device__ __forceinline__ const unsigned char* mxfp4_scale_row(const KilnMoeParams& p, int expert, long long row) {
+  return (kUp ? p.w13_scale : p.w2_scale) + expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
+         row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride);
+}
+
 // Where one MXFP4 copier is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in the
 // claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay in
 // step as claimed tiles would), and every copier walks that sequence itself: no copier waits on
@@ -607,8 +615,7 @@ struct MoeWeightCursor {
     if (!valid) return;
     packed_now = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
                  row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
-    scale_now = (kUp ? p.w13_scale : p.w2_scale) + t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
-                row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + half;
+    scale_now = mxfp4_scale_row<kUp>(p, t.expert, row) + half;
   }
 };
 
@@ -753,29 +760,48 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     bool valid = false;
-    const long long w_row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, row[i], s.n_total, &valid);
-    const unsigned char* scale = (kUp ? p.w13_scale : p.w2_scale) +
-                                 t.expert * (kUp ? p.w13_scale_expert_stride : p.w2_scale_expert_stride) +
-                                 w_row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride) + (c >> 1);
+    const unsigned char* scale =
+        mxfp4_scale_row<kUp>(p, t.expert, mxfp4_tile_row<kUp, kLayout>(p, t.n0, row[i], s.n_total, &valid)) + (c >> 1);
     scale_low[i] = static_cast<unsigned>(reinterpret_cast<unsigned long long>(scale)) & 3u;
   }
-  for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
-    if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));  // the first: waited by the caller
-    const unsigned stage = pipe.stage(slice);
-    if (live) {
-      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
-      u32 a[kMoeTileK / 16][4];
-      moe_gemm_mxfp4_fragments<kFormat>(stage + kMoeMxfp4XBytes, row, c, scale_shift, a);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kMoeTileK / 16; ++kk)
-        wgmma_rs_k_major<bf16, kN>(acc, a[kk], wgmma_descriptor(stage + kk * 32, 16, 1024), ks > 0 || kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();  // the fragments' registers are rewritten for the next slice
+  if (!live) {  // release the tile's slices as they fill
+    for (int ks = 0; ks < s.k_steps; ++ks, ++slice) {
+      if (ks > 0) mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));  // the first: waited by the caller
+      mbarrier_arrive(pipe.empty_barrier(slice));
     }
-    mbarrier_arrive(pipe.empty_barrier(slice));
+    return;
   }
-  if (!live) return;
+  const auto decode = [&](int ks, u32(&a)[kMoeTileK / 16][4]) {
+    const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+    moe_gemm_mxfp4_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, scale_shift, a);
+  };
+  // The x or act rows' descriptors: stage 0's plus whole stages and 32-byte K steps, in the
+  // address field's 16-byte units (shared addresses stay below its 256 KB reach).
+  const unsigned long long x_descriptor = wgmma_descriptor(pipe.stage(0), 16, 1024);
+  // Slice ks's MMAs from `now` while slice ks + 1 is decoded into `next` (the caller has waited
+  // for slice ks's stage; slice ks + 1's is waited here), then the stage is released. No branch
+  // may separate the MMAs from the decode: ptxas would serialize the wgmmas.
+  const auto step = [&](int ks, const u32(&now)[kMoeTileK / 16][4], u32(&next)[kMoeTileK / 16][4]) {
+    const unsigned long long descriptor = x_descriptor + Pipe::index(slice) * (kMoeMxfp4StageBytes >> 4);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMoeTileK / 16; ++kk) wgmma_rs_k_major<bf16, kN>(acc, now[kk], descriptor + 2 * kk, ks > 0 || kk > 0);
+    wgmma_commit();
+    ++slice;
+    if (ks + 1 < s.k_steps) {
+      mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
+      decode(ks + 1, next);
+    }
+    wgmma_wait<0>();  // `now` is rewritten two slices on
+    mbarrier_arrive(pipe.empty_barrier(slice - 1));
+  };
+  // Two fragment sets, named, not indexed, so they stay in registers.
+  u32 a0[kMoeTileK / 16][4], a1[kMoeTileK / 16][4];
+  decode(0, a0);
+  for (int ks = 0; ks < s.k_steps; ks += 2) {
+    step(ks, a0, a1);
+    if (ks + 1 < s.k_steps) step(ks + 1, a1, a0);
+  }
   wgmma_fence_operands(acc);
   if (kUp) {
     const int unit = t.n0 / 2 + unit_local;
