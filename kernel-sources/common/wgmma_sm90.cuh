@@ -142,26 +142,25 @@ __device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const uns
   }                                                                                                                                    \
   template <>                                                                                                                          \
   __device__ __forceinline__ void wgmma_rs<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b) {                \
-    const int accumulate = 1;                                                                                                          \
-    KILN_WGMMA_RS_ASM(TYPE, N, 1);                                                                                                     \
+    KILN_WGMMA_RS_ASM(TYPE, N, 1, 1);                                                                                                  \
   }
-// The register-A MMA's asm: TNSP is B's transpose flag (1: N-major, 0: K-major).
-#define KILN_WGMMA_RS_ASM(TYPE, N, TNSP)                                                                                     \
+// The register-A MMA's asm: TNSP is B's transpose flag (1: N-major, 0: K-major), ACCUMULATE the
+// operand that selects D += A B (nonzero) or D = A B.
+#define KILN_WGMMA_RS_ASM(TYPE, N, TNSP, ACCUMULATE)                                                                         \
   asm volatile("{\n.reg .pred p;\n" KILN_WGMMA_RS_PRED_##N "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TYPE "." #TYPE \
                                                            " " KILN_WGMMA_D_##N KILN_WGMMA_RS_A_##N #TNSP ";\n}\n"           \
                : KILN_WGMMA_ACC_##N                                                                                          \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(ACCUMULATE))
 #define KILN_WGMMA_RS_K_MAJOR_DEFINE(TYPE, N)                                                                                 \
   template <>                                                                                                                 \
   __device__ __forceinline__ void wgmma_rs_k_major<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b, \
                                                             int accumulate) {                                                 \
-    KILN_WGMMA_RS_ASM(TYPE, N, 0);                                                                                            \
+    KILN_WGMMA_RS_ASM(TYPE, N, 0, accumulate);                                                                                \
   }
 KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 64)  // the MoE grouped GEMMs with MXFP4 weights
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 128)
-KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 256)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs
