@@ -14,10 +14,10 @@
 // for an expert's last tile when it holds at most 64 pairs, 64 x 128 of a 64 x 256 tile (half the
 // MMA work). The CTA has 12 warps (stream_workspace.h).
 // MXFP4 weights (standard or prepared) take the same pipeline in their 16-warp CTA, with eight
-// stages and the operands swapped (moe_gemm_tile_mxfp4): tiles of 128 weight rows (64 a math
+// stages and the operands swapped (moe_gemm_tile_mxfp4): tiles of 192 weight rows (64 a math
 // warpgroup), decoded from the stage into the register A operand of m64n128k16 (within 128
 // registers a thread; each slice's decode runs under the previous slice's MMAs), against the
-// routed pairs' rows as B; warpgroups 2 and 3 copy the weights as
+// routed pairs' rows as B; warpgroup 3 copies the weights as
 // stored by cp.async and the x or act rows by TMA (moe_gemm_copy_mxfp4).
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
@@ -43,19 +43,23 @@ namespace kiln {
 enum {
   kMoeTileM = KILN_MOE_GEMM_ROWS,  // routed pairs per tile
   kMoeTileN = 256,                 // output columns per tile (bf16 weights)
-  kMoeMxfp4TileN = 128,            // ... with MXFP4 weights
+  kMoeMxfp4TileN = 192,            // ... with MXFP4 weights (weight rows, 64 a math warpgroup)
   kMoeTileK = 64,                  // one 128-byte swizzle atom of 16-bit values
   kMoeStages = 4,                  // with bf16 weights
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
-  // MXFP4: a stage holds a slice's 128 x or act rows (bf16, 128-byte swizzle), then its 128 weight
-  // rows as stored (32 bytes each), then each copier's 4-byte scale word.
+  // MXFP4: a stage holds a slice's 128 x or act rows (bf16, 128-byte swizzle), then its 192 weight
+  // rows as stored (32 bytes each), then the 4-byte scale word of each 16-byte copy (padded to a
+  // swizzle atom).
   kMoeMxfp4Stages = 8,
   kMoeMxfp4XBytes = kMoeTileM * kMoeTileK * 2,
   kMoeMxfp4RawBytes = kMoeMxfp4TileN * kMoeTileK / 2,
-  kMoeCopierThreads = 256,  // MXFP4: warpgroups 2 and 3 copy the weights and x or act
-  kMoeMxfp4StageBytes = kMoeMxfp4XBytes + kMoeMxfp4RawBytes + kMoeCopierThreads * 4,
-  kMoeMathThreads = 256,     // warpgroups 0 and 1: the MMAs and epilogues
-  kMoeProducerThread = 256,  // the first thread of warpgroup 2: every copy with bf16 weights
+  kMoeMxfp4Copies = kMoeMxfp4TileN * 2,  // 16-byte weight copies a slice: two halves a row
+  kMoeMxfp4StageBytes = kMoeMxfp4XBytes + kMoeMxfp4RawBytes + (kMoeMxfp4Copies * 4 + 1023) / 1024 * 1024,
+  kMoeMathThreads = 256,       // bf16 weights: warpgroups 0 and 1 run the MMAs and epilogues
+  kMoeProducerThread = 256,    // ... and the first thread of warpgroup 2 every copy
+  kMoeMxfp4MathThreads = 384,  // MXFP4: warpgroups 0 to 2 decode the weights and run the MMAs
+  kMoeCopierThreads = 128,     // ... and warpgroup 3 copies the weights and x or act
+  kMoeMxfp4CopiesPerCopier = kMoeMxfp4Copies / kMoeCopierThreads,
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
   kMoeStagingBytes = 1024,
@@ -65,10 +69,12 @@ static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 ker
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
 static_assert(kMoeMxfp4Stages * kMoeMxfp4StageBytes + 1024 == KILN_MOE_GEMM_MXFP4_SHARED_BYTES, "... and the MXFP4 ones");
 static_assert(kMoeMxfp4StageBytes % 1024 == 0, "every stage's x rows start on a swizzle atom");
-static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMathThreads + kMoeCopierThreads, "MXFP4: two math, two copier warpgroups");
+static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMxfp4MathThreads + kMoeCopierThreads, "MXFP4: three math warpgroups, one copier");
+static_assert(kMoeMxfp4TileN == 64 * (kMoeMxfp4MathThreads / 128), "MXFP4: 64 weight rows a math warpgroup");
+static_assert(kMoeMxfp4Copies % kMoeCopierThreads == 0, "every copier makes the same copies");
 
 // Output columns per tile: 256 with bf16 weights (m64n256 per math warpgroup, in the 12-warp CTA
-// with 168 registers a thread), 128 with MXFP4 (the swapped tiles' weight rows, 64 a warpgroup).
+// with 168 registers a thread), 192 with MXFP4 (the swapped tiles' weight rows, 64 a warpgroup).
 template <int kFormat>
 struct MoeGemmTileN {
   enum { value = kFormat == kWeightsBf16 ? kMoeTileN : kMoeMxfp4TileN };
@@ -264,7 +270,7 @@ template <class Pipe>
 __device__ __forceinline__ void moe_gemm_init_barriers(const Pipe& pipe, bool mxfp4) {
   for (int s = 0; s < Pipe::kStages; ++s) {
     mbarrier_init(pipe.full + 8 * s, mxfp4 ? 1 + kMoeCopierThreads : 1);
-    mbarrier_init(pipe.empty + 8 * s, kMoeMathThreads);
+    mbarrier_init(pipe.empty + 8 * s, mxfp4 ? kMoeMxfp4MathThreads : kMoeMathThreads);
     mbarrier_init(pipe.told + 8 * s, 1);
   }
   mbarrier_init_fence();
@@ -553,15 +559,16 @@ __device__ __forceinline__ void moe_gemm_tile(const KilnMoeParams& p, const MoeG
   }
 }
 
-// The weight row of tile column `column` (0..127) of an MXFP4 tile, and whether it exists: W13
+// The weight row of tile column `column` (0..191) of an MXFP4 tile, and whether it exists: W13
 // rows n0 + column with gate and up interleaved, and for down W2's; with gate and up concatenated,
-// the gate rows of the tile's 64 units, then their up rows, as the epilogue reads them.
+// the gate rows of the tile's 96 units, then their up rows, as the epilogue reads them.
 template <bool kUp, int kLayout>
 __device__ __forceinline__ int mxfp4_tile_row(const KilnMoeParams& p, int n0, int column, int n_total, bool* valid) {
   if (kUp && kLayout != kGateUpInterleaved) {
-    const int unit = n0 / 2 + (column & 63);
+    constexpr int kUnits = kMoeMxfp4TileN / 2;
+    const int up = column >= kUnits, unit = n0 / 2 + column - (up ? kUnits : 0);
     *valid = unit < p.intermediate;
-    return column >= 64 ? p.intermediate + unit : unit;
+    return up ? p.intermediate + unit : unit;
   }
   *valid = n0 + column < n_total;
   return n0 + column;
@@ -577,45 +584,56 @@ __device__ __forceinline__ const unsigned char* mxfp4_scale_row(const KilnMoePar
 // Where one MXFP4 copier is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in the
 // claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay in
 // step as claimed tiles would), and every copier walks that sequence itself: no copier waits on
-// another for its next slice. `packed_now` and `scale_now`: this copier's 16 bytes of
-// weights and their scale byte at slice `ks` of the tile (tile column `column`, half `half` of its
-// 64 K values), null where the weight row does not exist or the phase is over.
+// another for its next slice. Copier i makes copies i, i + 128 and i + 256 of each slice (copy j:
+// tile row j / 2, half j % 2 of its 64 K values); `packed_now[n]` and `scale_now[n]`: the 16 bytes
+// of weights of its copy n at slice `ks` of the tile and their scale byte, null where the weight
+// row does not exist or the phase is over.
 template <bool kUp, int kLayout>
 struct MoeWeightCursor {
+  static constexpr int kCopies = kMoeMxfp4CopiesPerCopier;
   MoeGemmTile t;
   int tile, ks;
-  const unsigned char *packed_now, *scale_now;
+  const unsigned char *packed_now[kCopies], *scale_now[kCopies];
 
-  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
+  static __device__ int copy_index(int copier, int n) { return copier + kMoeCopierThreads * n; }
+  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
     tile = blockIdx.x;
     ks = 0;
-    begin_tile(p, s, column, half);
+    begin_tile(p, s, copier);
   }
-  __device__ void advance(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
+  __device__ void advance(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
     if (++ks < s.k_steps) {
-      if (packed_now != nullptr) {  // 32 bytes and 2 scales further along the row per 64-deep slice
-        packed_now += 32;
-        scale_now += 2;
+#pragma unroll
+      for (int n = 0; n < kCopies; ++n) {
+        if (packed_now[n] != nullptr) {  // 32 bytes and 2 scales further along the row per 64-deep slice
+          packed_now[n] += 32;
+          scale_now[n] += 2;
+        }
       }
       return;
     }
     ks = 0;
     tile += gridDim.x;
-    begin_tile(p, s, column, half);
+    begin_tile(p, s, copier);
   }
   __device__ bool done(const MoeGemmShape<kUp, kMoeMxfp4TileN>& s) const { return tile >= s.total_tiles; }
 
  private:
-  __device__ void begin_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int column, int half) {
-    packed_now = scale_now = nullptr;
+  __device__ void begin_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
+#pragma unroll
+    for (int n = 0; n < kCopies; ++n) packed_now[n] = scale_now[n] = nullptr;
     if (tile >= s.total_tiles) return;
     t = s.tile(p, tile);
-    bool valid = false;
-    const long long row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, column, s.n_total, &valid);
-    if (!valid) return;
-    packed_now = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
-                 row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
-    scale_now = mxfp4_scale_row<kUp>(p, t.expert, row) + half;
+#pragma unroll
+    for (int n = 0; n < kCopies; ++n) {
+      const int copy = copy_index(copier, n), half = copy & 1;
+      bool valid = false;
+      const long long row = mxfp4_tile_row<kUp, kLayout>(p, t.n0, copy >> 1, s.n_total, &valid);
+      if (!valid) continue;
+      packed_now[n] = static_cast<const unsigned char*>(kUp ? p.w13 : p.w2) + t.expert * (kUp ? p.w13_expert_stride : p.w2_expert_stride) +
+                      row * (kUp ? p.w13_row_stride : p.w2_row_stride) + 16 * half;
+      scale_now[n] = mxfp4_scale_row<kUp>(p, t.expert, row) + half;
+    }
   }
 };
 
@@ -627,25 +645,24 @@ __device__ __forceinline__ unsigned mxfp4_raw_offset(int row, int half) {
   return 16u * static_cast<unsigned>((2 * row + half) ^ (((row >> 2) & 3) << 1));
 }
 
-// The MXFP4 copiers' whole phase, by warpgroups 2 and 3, from the CTA's running slice count;
-// returns the count after it. Once a stage is released, every copier (thread i: tile row i / 2,
-// half i % 2 of its 64 K values) copies its 16 bytes of weights and the aligned word holding their
-// scale byte into the stage by cp.async (zeros where the row does not exist), whose completion
-// arrives on the stage's full barrier (cp.async.mbarrier.arrive); lane 0 of copier warp slice % 8
-// also names the slice's tile and copies its x or act rows by TMA, as the bf16 producer does. The
+// The MXFP4 copiers' whole phase, by warpgroup 3, from the CTA's running slice count;
+// returns the count after it. Once a stage is released, every copier makes its three copies
+// (MoeWeightCursor): 16 bytes of weights and the aligned word holding their scale byte each, into
+// the stage by cp.async (zeros where the row does not exist), whose completion arrives on the
+// stage's full barrier (cp.async.mbarrier.arrive); lane 0 of copier warp slice % 4 also names the
+// slice's tile and copies its x or act rows by TMA, as the bf16 producer does. The
 // copiers never wait for their copies, so they run as far ahead as the stages allow.
 template <bool kUp, int kFormat, int kLayout>
 __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
                                                    const MoeGemmPipelineOf<kFormat>& pipe, int slice) {
   using Pipe = MoeGemmPipelineOf<kFormat>;
   constexpr int kWarps = kMoeCopierThreads / 32;
-  const int copier = threadIdx.x - kMoeMathThreads, row = copier >> 1, half = copier & 1;
-  const int warp = copier >> 5, lane = copier & 31;
+  const int copier = threadIdx.x - kMoeMxfp4MathThreads, warp = copier >> 5, lane = copier & 31;
   const void* const x_map = &p.tensor_maps[kUp ? kMoeMapXGrouped : kMoeMapAct];
   const void* const weights = kUp ? p.w13 : p.w2;
   if (copier == 0) tma_prefetch_map(x_map);
   MoeWeightCursor<kUp, kLayout> at;
-  at.start(p, s, row, half);
+  at.start(p, s, copier);
   for (;; ++slice) {
     const unsigned full = pipe.full_barrier(slice), stage = pipe.stage(slice);
     const bool end = at.done(s);
@@ -672,13 +689,18 @@ __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const
       mbarrier_arrive(full);
       return slice + 1;
     }
-    const bool valid = at.packed_now != nullptr;
     const unsigned raw = stage + kMoeMxfp4XBytes;
-    copy16_async_or_zero(raw + mxfp4_raw_offset(row, half), valid ? at.packed_now : weights, valid);
-    copy4_async_or_zero(raw + kMoeMxfp4RawBytes + 4 * copier,
-                        valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now) & ~3ull) : weights, valid);
+#pragma unroll
+    for (int n = 0; n < MoeWeightCursor<kUp, kLayout>::kCopies; ++n) {
+      const int copy = MoeWeightCursor<kUp, kLayout>::copy_index(copier, n);
+      const bool valid = at.packed_now[n] != nullptr;
+      copy16_async_or_zero(raw + mxfp4_raw_offset(copy >> 1, copy & 1), valid ? at.packed_now[n] : weights, valid);
+      copy4_async_or_zero(raw + kMoeMxfp4RawBytes + 4 * copy,
+                          valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now[n]) & ~3ull) : weights,
+                          valid);
+    }
     arrive_on_copies(full);
-    at.advance(p, s, row, half);
+    at.advance(p, s, copier);
   }
 }
 
@@ -701,7 +723,7 @@ __device__ __forceinline__ void mxfp4_rows_to_bf16x2(const u32 (&words)[2][2], c
 
 // One slice's A fragments of a math thread: its rows g and g + 8 (tile rows row[0] and row[1] of
 // the stage's raw weights), values r = 16 c .. 16 c + 15 of each, times their scales (the word at
-// copier 2 row + c / 2's scale slot, byte `scale_shift`), as bf16 pairs in fragment order.
+// copy 2 row + c / 2's scale slot, byte `scale_shift`), as bf16 pairs in fragment order.
 template <int kFormat>
 __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int (&row)[2], int c, const unsigned (&scale_shift)[2],
                                                          u32 (&a)[kMoeTileK / 16][4]) {
@@ -730,7 +752,7 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
 }
 
 // One MXFP4 tile by one math warpgroup, whose first slice's stage is full (`slice` is advanced
-// past the tile), with the operands swapped: D [128 weight rows, kN pairs] = W x^T, the decoded
+// past the tile), with the operands swapped: D [192 weight rows, kN pairs] = W x^T, the decoded
 // weights the register A operand of m64nNk16 (no shared-memory copy of them, no proxy fence) and
 // the x or act rows the TMA-copied B (kN = 64 for tiles of at most 64 pairs). Warpgroup w takes
 // the tile's weight rows 64 w .. 64 w + 63; for up, thread (warp, g) holds the gate row of unit
@@ -740,15 +762,15 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
 template <int kN, bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, class Pipe>
 __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, const Pipe& pipe,
                                                     const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y,
-                                                    float (&acc128)[kMoeMxfp4TileN / 8][4]) {
+                                                    float (&acc128)[kMoeTileM / 8][4]) {
   float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc128[0][0]);
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
-  const int unit_local = 32 * warpgroup + 8 * warp + g;  // up: this thread's unit of the tile's 64
+  const int unit_local = 32 * warpgroup + 8 * warp + g;  // up: this thread's unit of the tile's 96
   int row[2];                                            // tile rows (as the copiers place them) of fragment rows g, g + 8
   if (kUp) {
     row[0] = kConcat ? unit_local : 2 * unit_local;
-    row[1] = kConcat ? 64 + unit_local : 2 * unit_local + 1;
+    row[1] = kConcat ? kMoeMxfp4TileN / 2 + unit_local : 2 * unit_local + 1;
   } else {
     row[0] = 64 * warpgroup + 16 * warp + g;
     row[1] = row[0] + 8;
@@ -809,8 +831,8 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     const GateUpRows rows = gate_up_rows<kLayout>(unit, p.intermediate);
     const long long bias = t.expert * p.w13_bias_expert_stride;
     const float gate_bias = moe_bias<kBias13>(p.w13_bias, bias + rows.gate), up_bias = moe_bias<kBias13>(p.w13_bias, bias + rows.up);
-    // The tile's 64 units are one 64-deep slice of down's K (n0 / 2 is a multiple of 64).
-    bf16* const column = act + static_cast<long long>(t.first) * p.intermediate + t.n0 / 2 + mxfp4_gemm_k_position(unit_local);
+    // The unit's place in its 64-deep slice of down's K, in the GEMMs' K order.
+    bf16* const column = act + static_cast<long long>(t.first) * p.intermediate + (unit & ~63) + mxfp4_gemm_k_position(unit & 63);
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
@@ -849,7 +871,8 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
                                                  unsigned staging) {
   using Pipe = MoeGemmPipelineOf<kFormat>;
   constexpr int kTileN = MoeGemmTileN<kFormat>::value;
-  float acc[kTileN / 8][4];
+  // A math thread's accumulators: m64n256 with bf16 weights, up to 128 pairs with MXFP4.
+  float acc[(kTileN == kMoeMxfp4TileN ? kMoeTileM : kTileN) / 8][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
     // is refilled only after this slice is released.
@@ -886,8 +909,9 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
 // starts loading the one before, so tiles go out in order as CTAs free up: the pair blocks that
 // share a weight tile run at the same time whatever each tile costs, and no CTA is left with a
 // queue at the end. (MXFP4's tiles all cost the same; its copiers take every gridDim.x-th.)
-// Warpgroups 0 and 1 run the MMAs and epilogues; with bf16 weights the first thread of warpgroup 2
-// issues every copy, and its other threads wait at the end. (Moving registers from warpgroup 2 to the MMA
+// With bf16 weights warpgroups 0 and 1 run the MMAs and epilogues, the first thread of warpgroup 2
+// issues every copy, and its other threads wait at the end; with MXFP4 warpgroups 0 to 2 decode
+// and run the MMAs, and warpgroup 3 copies. (Moving registers from warpgroup 2 to the MMA
 // warpgroups with setmaxnreg hung the kernel on an H200, bench/RESULTS.md; the MMA warpgroups keep
 // the kernel's 168 registers a thread, enough for the m64n256 accumulators.)
 template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
@@ -895,14 +919,14 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<k
                                const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
-  if (warpgroup < 2) {
+  if (warpgroup < (kFormat == kWeightsBf16 ? kMoeMathThreads : kMoeMxfp4MathThreads) / 128) {
     moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
     // act (up) is read by down's copies after the grid barrier that follows.
     if (kUp) fence_async_global();
   } else {
     if constexpr (kFormat != kWeightsBf16) {
       const int after = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice);
-      if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = after;
+      if (threadIdx.x == kMoeMxfp4MathThreads) *pipe.slice_after = after;
     } else {
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
       __syncwarp();

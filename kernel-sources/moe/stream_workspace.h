@@ -36,11 +36,11 @@
 KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return mxfp4 ? 16 : 12; }
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 // With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA with the
-// operands swapped: 128 weight rows a tile, decoded in the math threads' registers into wgmma's A
+// operands swapped: 192 weight rows a tile, decoded in the math threads' registers into wgmma's A
 // operand, against up to 128 routed pairs' rows. Eight stages, each a slice's 128 x 64 bf16 x or
-// act rows, the 128 weight rows' 32 bytes as stored and 256 scale words; warpgroups 2 and 3 copy
-// them. They take over from this many routed pairs (kiln_moe_mxfp4_gemm_pays).
-#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (8 * (128 * 64 * 2 + 128 * 32 + 256 * 4) + 1024)
+// act rows, the 192 weight rows' 32 bytes as stored and 384 scale words (in 2 KB); warpgroup 3
+// copies them. They take over from this many routed pairs (kiln_moe_mxfp4_gemm_pays).
+#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (8 * (128 * 64 * 2 + 192 * 32 + 2048) + 1024)
 #define KILN_MOE_GEMM_MXFP4_MIN_PAIRS 2048
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
 // of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
