@@ -42,6 +42,25 @@ namespace kiln {
 
 enum { kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
+// Every expert's (token, slot) pairs in the workspace's list in pair order, a warp per expert
+// reading all the routed ids 32 at a time: the same list, and so the same bits out, on every call
+// (slots handed out by atomics ordered an expert's pairs differently from call to call, and the
+// tiles and chunks that hold them with them).
+__device__ __forceinline__ void list_pairs_in_order(const int* ids, int num_pairs, int experts, const int* pair_start, int* pairs, int warp,
+                                                    int warps, int lane) {
+  for (int e = warp; e < experts; e += warps) {
+    int at = pair_start[e];
+    const int end = pair_start[e + 1];
+    for (int q0 = 0; q0 < num_pairs && at < end; q0 += kWarp) {
+      const int q = q0 + lane;
+      const bool mine = q < num_pairs && *reinterpret_cast<const volatile int*>(&ids[q]) == e;  // routed by other CTAs
+      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+      if (mine) pairs[at + __popc(ballot & ((1u << lane) - 1u))] = q;
+      at += __popc(ballot);
+    }
+  }
+}
+
 __device__ __forceinline__ u32 byte_permute(u32 a, u32 b, u32 selector) {
   u32 r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
@@ -467,7 +486,6 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
   int* gemm_counters = reinterpret_cast<int*>(ws + layout.gemm_counters);
   int* counts = reinterpret_cast<int*>(ws + layout.counts);
-  int* fill = reinterpret_cast<int*>(ws + layout.fill);
   int* ids = reinterpret_cast<int*>(ws + layout.ids);
   float* weights = reinterpret_cast<float*>(ws + layout.weights);
   int* pairs = reinterpret_cast<int*>(ws + layout.pairs);
@@ -607,16 +625,15 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       }
     }
     __syncthreads();
-  } else if (tensor_cores) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    moe_gemm_list_pairs<kFormat != kWeightsBf16, kActMxfp8>(p, ids, pair_start, fill, pairs, reinterpret_cast<bf16*>(ws + layout.x_grouped),
-                                                            warp, warps, lane);
-#endif
   } else {  // the list in the workspace, awaited at barrier 1
-    for (int q = thread; q < num_pairs; q += threads) {
-      const int e = *reinterpret_cast<volatile int*>(&ids[q]);
-      if (e >= 0) pairs[pair_start[e] + atomic_add_global(&fill[e], 1)] = q;
+    list_pairs_in_order(ids, num_pairs, experts, pair_start, pairs, warp, warps, lane);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (tensor_cores) {
+      grid_barrier();  // the whole list, before x is copied in its order
+      moe_gemm_group_x<kFormat != kWeightsBf16, kActMxfp8>(p, pairs, pair_start[experts], reinterpret_cast<bf16*>(ws + layout.x_grouped),
+                                                           warp, warps, lane);
     }
+#endif
   }
 
   // The streaming phases' split-tile sums; the grouped GEMMs' epilogues stage their 16-byte

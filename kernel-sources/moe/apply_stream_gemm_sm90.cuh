@@ -175,29 +175,27 @@ __device__ __forceinline__ void copy_slice_in_mxfp4_gemm_order(const bf16* from,
   }
 }
 
-// The group phase's pair list in the workspace, awaited at barrier 1, and x_grouped for the up
-// GEMM's copies: the x row of each listed pair at its slot (in the second half of y's region,
-// which bf16 y leaves free). Each warp takes an even share of the pairs (lane j: pair j of a group
-// of 32) and copies their rows together, 16 bytes per lane; with MXFP4 weights (kMxfp4Order) 128
-// bytes, a 64-deep slice, which it writes in the MXFP4 GEMMs' K order (with W4A8 quantized).
+// x_grouped for the up GEMM's copies, once the pair list is complete (after a grid barrier): the x
+// row of each listed pair at its slot (in the second half of y's region, which bf16 y leaves
+// free). Each warp takes an even share of the slots (lane j: slot j of a group of 32) and copies
+// their rows together, 16 bytes per lane; with MXFP4 weights (kMxfp4Order) 128 bytes, a 64-deep
+// slice, which it writes in the MXFP4 GEMMs' K order (with W4A8 quantized).
 template <bool kMxfp4Order, bool kActMxfp8>
-__device__ __forceinline__ void moe_gemm_list_pairs(const KilnMoeParams& p, const int* ids, const int* pair_start, int* fill, int* pairs,
-                                                    bf16* x_grouped, int warp, int warps, int lane) {
+__device__ __forceinline__ void moe_gemm_group_x(const KilnMoeParams& p, const int* pairs, int listed, bf16* x_grouped, int warp, int warps,
+                                                 int lane) {
   static_assert(kMxfp4Order || !kActMxfp8, "W4A8 takes MXFP4 weights");
   constexpr int kValues = kMxfp4Order ? kMoeTileK : 8;  // per lane and copy
-  const int num_pairs = p.num_tokens * p.top_k, per_row = p.hidden / kValues;
-  const int share = (num_pairs + warps - 1) / warps, first = warp * share, last = min(num_pairs, first + share);
-  for (int q0 = first; q0 < last; q0 += 32) {
-    const int q = q0 + lane, rows = min(32, last - q0);
-    const int e = q < last ? *reinterpret_cast<const volatile int*>(&ids[q]) : -1;
-    const int slot = e >= 0 ? pair_start[e] + atomic_add_global(&fill[e], 1) : -1;
-    if (slot >= 0) pairs[slot] = q;
+  const int per_row = p.hidden / kValues;
+  const int share = (listed + warps - 1) / warps, first = warp * share, last = min(listed, first + share);
+  for (int s0 = first; s0 < last; s0 += 32) {
+    const int rows = min(32, last - s0);
+    const int q = s0 + lane < last ? *reinterpret_cast<const volatile int*>(&pairs[s0 + lane]) : 0;  // listed by other CTAs
     for (int base = 0; base < rows * per_row; base += 32) {
       const int i = base + lane, j = min(i / per_row, 31), chunk = i - j * per_row;
-      const int to = __shfl_sync(0xffffffffu, slot, j);
-      if (i < rows * per_row && to >= 0) {
-        const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>((q0 + j) / p.top_k) * p.x_row_stride + kValues * chunk;
-        bf16* const into = x_grouped + static_cast<long long>(to) * p.hidden + kValues * chunk;
+      const int from_pair = __shfl_sync(0xffffffffu, q, j);
+      if (i < rows * per_row) {
+        const bf16* from = static_cast<const bf16*>(p.x) + static_cast<long long>(from_pair / p.top_k) * p.x_row_stride + kValues * chunk;
+        bf16* const into = x_grouped + static_cast<long long>(s0 + j) * p.hidden + kValues * chunk;
         if constexpr (kMxfp4Order) {
           copy_slice_in_mxfp4_gemm_order<kActMxfp8>(from, into);
         } else {

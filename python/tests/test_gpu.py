@@ -292,8 +292,7 @@ def test_moe_mxfp4_and_bf16_match_float64_and_prepared_is_bit_identical(tokens):
     prepared = torch.ops.kiln.moe_apply(x, w13p, w2p, 4, router_logits=logits, w13_scale=w13s, w2_scale=w2s, w13_bias=b13,
                                         w2_bias=b2, weight_format="mxfp4_prepared", **GPT_OSS_MOE)
     assert relative_error(prepared, ref) < 1e-2
-    if tokens <= MOE_DETERMINISTIC_TOKENS:
-        assert torch.equal(prepared, out)
+    assert torch.equal(prepared, out)
 
 
 @pytest.mark.parametrize("tokens", [1, 17, 300])
@@ -314,16 +313,13 @@ def test_moe_w4a8_matches_its_quantized_float64_model(tokens):
         torch.ops.kiln.moe_apply(x, w13.to(torch.bfloat16), w2.to(torch.bfloat16), 4, router_logits=logits, activation_dtype="e4m3")
 
 
-# moe.apply.stream lists each expert's (token, slot) pairs with global atomics above this many
-# tokens, and its results then vary in the last bits from call to call (test_moe_is_deterministic).
-MOE_DETERMINISTIC_TOKENS = 33
-
-
-@pytest.mark.xfail(reason="moe.apply.stream is not bit-reproducible from run to run at 512 tokens (MXFP4)", strict=False)
-def test_moe_is_deterministic():
-    x, logits, w13c, w13s, w2c, w2s, b13, b2 = moe_problem(512)
+# 40 tokens: past the sizes whose pairs every CTA lists itself, onto the workspace's list.
+@pytest.mark.parametrize("tokens,activation_dtype", [(40, "bf16"), (512, "bf16"), (2048, "bf16"), (2048, "e4m3")])
+def test_moe_is_deterministic(tokens, activation_dtype):
+    x, logits, w13c, w13s, w2c, w2s, b13, b2 = moe_problem(tokens)
     runs = [torch.ops.kiln.moe_apply(x, w13c, w2c, 4, router_logits=logits, w13_scale=w13s, w2_scale=w2s, w13_bias=b13,
-                                     w2_bias=b2, weight_format="mxfp4", **GPT_OSS_MOE) for _ in range(5)]
+                                     w2_bias=b2, weight_format="mxfp4", activation_dtype=activation_dtype, **GPT_OSS_MOE)
+            for _ in range(5)]
     for r in runs[1:]:
         assert torch.equal(r, runs[0])
 
@@ -358,7 +354,7 @@ def capture(step):
 def test_decode_and_moe_replay_bit_identical_to_eager():
     q, kc, vc, table, lens = paged_problem(8, [4096, 3000, 17, 999, 4096, 1, 2048, 4000], 64, 8, 64, 16, torch.bfloat16, 1)
     sink = torch.randn(64, device=DEV)
-    x, logits, w13c, w13s, w2c, w2s, b13, b2 = moe_problem(MOE_DETERMINISTIC_TOKENS)
+    x, logits, w13c, w13s, w2c, w2s, b13, b2 = moe_problem(33)
 
     def step():
         a = torch.ops.kiln.mha_decode_with_kvcache(q, kc, vc, table, lens, sinks=sink)

@@ -1104,11 +1104,6 @@ TEST_F(Gpu, PluginKernelsRunThroughTheOperators) {
   }
 }
 
-// moe.apply.stream with MXFP4 weights lists each expert's (token, slot) pairs with global atomics
-// above this many tokens, so the last bits of its results vary from call to call there (README,
-// Known defects); up to it, standard and prepared weights give the same bits.
-constexpr int kMoeDeterministicTokens = 33;
-
 struct MoeCase {
   bool mxfp4;
   int tokens, hidden, inter, experts, top_k;
@@ -1242,12 +1237,7 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
     moe_apply(a, nullptr);
     synchronize();
     const auto prepared = out.to_host<uint16_t>(T * H);
-    if (c.tokens <= kMoeDeterministicTokens) {
-      EXPECT_EQ(prepared, bits) << describe(c) << ": prepared MXFP4 weights";
-    } else {  // README, Known defects: not bit-reproducible from call to call at this size
-      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_float(prepared[i]);
-      EXPECT_LT(relative_error(got, ref), 1e-2) << describe(c) << ": prepared MXFP4 weights";
-    }
+    EXPECT_EQ(prepared, bits) << describe(c) << ": prepared MXFP4 weights";
   }
 }
 
