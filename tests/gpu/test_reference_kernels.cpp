@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -1123,6 +1124,75 @@ std::string describe(const MoeCase& c) {
          " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias) + " w4a8=" + std::to_string(c.w4a8);
 }
 
+// Where a MoE case's tensors live on the device; all null is enough for the call's signature.
+struct MoeCaseData {
+  void *x = nullptr, *out = nullptr, *logits = nullptr, *ids = nullptr, *weights = nullptr;
+  void *w13 = nullptr, *w2 = nullptr, *w13_scale = nullptr, *w2_scale = nullptr, *w13_bias = nullptr, *w2_bias = nullptr;
+};
+
+// The moe_apply arguments of a case over `d`.
+MoeArgs moe_case_args(const MoeCase& c, const MoeCaseData& d) {
+  auto view_at = [](void* data, DType t, std::initializer_list<int64_t> shape) { return TensorView::contiguous(data, t, shape, 0); };
+  const int64_t t64 = c.tokens, h64 = c.hidden, i64 = c.inter, e64 = c.experts;
+  MoeArgs a;
+  a.x = view_at(d.x, DType::kBF16, {t64, h64});
+  a.out = view_at(d.out, DType::kBF16, {t64, h64});
+  if (c.routing == 2) {
+    a.topk_ids = view_at(d.ids, DType::kI32, {t64, c.top_k});
+    a.topk_weights = view_at(d.weights, DType::kF32, {t64, c.top_k});
+  } else {
+    a.router_logits = view_at(d.logits, DType::kF32, {t64, e64});
+    a.routing = c.routing == 0 ? MoeRouting::kTopkThenSoftmax : MoeRouting::kSoftmaxThenTopk;
+    a.renormalize = c.renormalize;
+  }
+  a.top_k = c.top_k;
+  if (c.mxfp4) {
+    a.w13 = view_at(d.w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
+    a.w13_scale = view_at(d.w13_scale, DType::kE8M0, {e64, 2 * i64, h64 / 32});
+    a.w2 = view_at(d.w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
+    a.w2_scale = view_at(d.w2_scale, DType::kE8M0, {e64, h64, i64 / 32});
+  } else {
+    a.w13 = view_at(d.w13, DType::kBF16, {e64, 2 * i64, h64});
+    a.w2 = view_at(d.w2, DType::kBF16, {e64, h64, i64});
+  }
+  if (c.bias) {
+    a.w13_bias = view_at(d.w13_bias, DType::kF32, {e64, 2 * i64});
+    a.w2_bias = view_at(d.w2_bias, DType::kF32, {e64, h64});
+  }
+  a.activation = c.activation == 0 ? MoeActivation::kSiluGlu : MoeActivation::kSwigluClamped;
+  a.gate_up_layout = c.interleaved ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+  a.activation_dtype = c.w4a8 ? DType::kF8E4M3 : DType::kBF16;
+  return a;
+}
+
+// Compiles (or finds in the cache) every kernel the cases will select, on every core at once,
+// before they run one by one: a MoE kernel takes seconds to compile, and a test selects dozens
+// (with standard MXFP4 weights, their prepared form too). Under the caller's kernel override.
+void warm_moe_cases(const std::vector<MoeCase>& cases) {
+  Manifest manifest;
+  manifest.source = "tests/gpu";
+  manifest.model = "moe-cases";
+  auto add = [&](const Signature& sig) {
+    if (std::find(manifest.signatures.begin(), manifest.signatures.end(), sig) == manifest.signatures.end()) {
+      manifest.signatures.push_back(sig);
+    }
+  };
+  for (const auto& c : cases) {
+    MoeArgs a = moe_case_args(c, {});
+    add(signature_of(a));
+    if (c.mxfp4) {
+      a.w13.dtype = a.w2.dtype = DType::kF4E2M1x2Prepared;
+      add(signature_of(a));
+    }
+  }
+  WarmupOptions options;
+  options.targets = {detail::cuda::device(0).platform.arch};
+  // A signature that fails here fails again, with its case named, when the case runs.
+  for (const auto& item : warmup(manifest, options).items) {
+    if (item.status == WarmupItem::Status::kFailed) std::fprintf(stderr, "warm-up: %s: %s\n", item.signature.c_str(), item.reason.c_str());
+  }
+}
+
 void run_moe(std::mt19937& rng, const MoeCase& c) {
   MoeProblem p;
   p.tokens = c.tokens;
@@ -1189,35 +1259,17 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
        b2 = DeviceBuffer::from(b2_f);
   DeviceBuffer out(T * H * 2 + 16);
   out.fill_bytes(0xFF);
-  MoeArgs a;
-  const auto t64 = static_cast<int64_t>(T), h64 = static_cast<int64_t>(H), i64 = static_cast<int64_t>(I), e64 = static_cast<int64_t>(E);
-  a.x = view(x, DType::kBF16, {t64, h64});
-  a.out = view(out, DType::kBF16, {t64, h64});
-  if (c.routing == 2) {
-    a.topk_ids = view(idb, DType::kI32, {t64, c.top_k});
-    a.topk_weights = view(wb, DType::kF32, {t64, c.top_k});
-  } else {
-    a.router_logits = view(logits, DType::kF32, {t64, e64});
-    a.routing = c.routing == 0 ? MoeRouting::kTopkThenSoftmax : MoeRouting::kSoftmaxThenTopk;
-    a.renormalize = c.renormalize;
-  }
-  a.top_k = c.top_k;
-  if (c.mxfp4) {
-    a.w13 = view(w13, DType::kF4E2M1x2, {e64, 2 * i64, h64 / 2});
-    a.w13_scale = view(s13, DType::kE8M0, {e64, 2 * i64, h64 / 32});
-    a.w2 = view(w2, DType::kF4E2M1x2, {e64, h64, i64 / 2});
-    a.w2_scale = view(s2, DType::kE8M0, {e64, h64, i64 / 32});
-  } else {
-    a.w13 = view(w13, DType::kBF16, {e64, 2 * i64, h64});
-    a.w2 = view(w2, DType::kBF16, {e64, h64, i64});
-  }
-  if (c.bias) {
-    a.w13_bias = view(b13, DType::kF32, {e64, 2 * i64});
-    a.w2_bias = view(b2, DType::kF32, {e64, h64});
-  }
-  a.activation = c.activation == 0 ? MoeActivation::kSiluGlu : MoeActivation::kSwigluClamped;
-  a.gate_up_layout = c.interleaved ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
-  a.activation_dtype = c.w4a8 ? DType::kF8E4M3 : DType::kBF16;
+  MoeArgs a = moe_case_args(c, {.x = x.get(),
+                                .out = out.get(),
+                                .logits = logits.get(),
+                                .ids = idb.get(),
+                                .weights = wb.get(),
+                                .w13 = w13.get(),
+                                .w2 = w2.get(),
+                                .w13_scale = s13.get(),
+                                .w2_scale = s2.get(),
+                                .w13_bias = b13.get(),
+                                .w2_bias = b2.get()});
   moe_apply(a, nullptr);
   synchronize();
   std::vector<double> got(T * H);
@@ -1534,6 +1586,7 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
   for (const char* kernel : {"moe.apply.stream", "moe.apply.reference"}) {
     Registry::global().set_override(moe, kernel);
     SCOPED_TRACE(kernel);
+    warm_moe_cases(cases);
     for (const auto& c : cases) run_moe_case(rng, c);
   }
   unsetenv("KILN_POISON_WORKSPACE");
@@ -1572,6 +1625,7 @@ TEST_F(Gpu, MoeMxfp4GroupedGemmMatchesFloat64) {
   };
   setenv("KILN_POISON_WORKSPACE", "1", 1);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.stream");
+  warm_moe_cases(cases);
   for (const auto& c : cases) run_moe_case(rng, c);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "");
   unsetenv("KILN_POISON_WORKSPACE");
@@ -1587,18 +1641,20 @@ TEST_F(Gpu, MoeW4a8MatchesFloat64) {
       mxfp4_case(true, 17, 256, 96, 16, 4, 2, 1, true, true, true),     mxfp4_case(true, 64, 192, 128, 8, 2, 0, 0, false, true, false),
       mxfp4_case(true, 1000, 256, 128, 16, 4, 1, 1, true, true, false),
   };
-  for (const auto& c : cases) run_moe_case(rng, c);
   // The grouped GEMMs (sm_90a, from KILN_MOE_GEMM_MXFP4_MIN_PAIRS pairs) with x and act quantized
   // before their copies.
-  for (const auto& c :
-       {mxfp4_case(true, 1000, 256, 128, 16, 4, 1, 1, true, true, false), mxfp4_case(true, 1024, 192, 320, 4, 2, 2, 1, true, true, true),
-        mxfp4_case(true, 2000, 256, 192, 32, 4, 0, 0, false, true, false)}) {
-    run_moe_case(rng, c);
-  }
+  const std::vector<MoeCase> gemm_cases = {mxfp4_case(true, 1000, 256, 128, 16, 4, 1, 1, true, true, false),
+                                           mxfp4_case(true, 1024, 192, 320, 4, 2, 2, 1, true, true, true),
+                                           mxfp4_case(true, 2000, 256, 192, 32, 4, 0, 0, false, true, false)};
+  std::vector<MoeCase> selected = cases;
+  selected.insert(selected.end(), gemm_cases.begin(), gemm_cases.end());
+  warm_moe_cases(selected);
+  for (const auto& c : selected) run_moe_case(rng, c);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "moe.apply.reference");
-  for (const auto& c : cases) {
-    if (c.tokens <= 64) run_moe_case(rng, c);
-  }
+  std::vector<MoeCase> small;
+  std::copy_if(cases.begin(), cases.end(), std::back_inserter(small), [](const MoeCase& c) { return c.tokens <= 64; });
+  warm_moe_cases(small);
+  for (const auto& c : small) run_moe_case(rng, c);
   Registry::global().set_override({kFamilyMoe, kModeApply}, "");
 }
 
