@@ -35,11 +35,12 @@ for tool in $([ $sanitizer = 1 ] && echo racecheck synccheck); do
     echo "sanitizer $tool $act rc=$? $(grep -hE 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/sanitizer_${tool}_$act.log" | head -1)"
   done
 done
-# MXFP4 with bf16 activations and W4A8, beside bf16 weights: the streaming phases, and from 2048
-# routed pairs the grouped GEMMs.
+# MXFP4 (prepared, and standard from T = 512) with bf16 activations and W4A8, beside bf16
+# weights: the streaming phases, and from 2048 routed pairs the grouped GEMMs.
 for T in 1 8 64 512 2048 4096 8192; do
   line="bench T=$T"
-  for w in bf16:bf16 mxfp4_prepared:bf16 mxfp4_prepared:e4m3; do
+  for w in bf16:bf16 mxfp4_prepared:bf16 mxfp4:bf16 mxfp4_prepared:e4m3; do
+    [ $w = mxfp4:bf16 ] && [ $T -lt 512 ] && { line="$line $w -"; continue; }
     ms=$(timeout 90 $bin/kiln bench moe_apply --json --time-ms 150 \
       --shape tokens=$T,hidden=2880,inter=2880,experts=128,top_k=4,weights=${w%:*},bias=bf16,act=${w#*:} 2>/dev/null | median)
     line="$line $w $ms"
