@@ -2,47 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <numeric>
-#include <thread>
 
+#include "core/parallel.hpp"
 #include "moe/mxfp8_activations.h"
 
 namespace kiln::reference {
 namespace {
 
 const double kNegInf = -std::numeric_limits<double>::infinity();
-
-// Runs row(i) for every i in [0, rows), split into contiguous ranges over up to one thread per
-// core (at least `min_rows` rows each). The GPU tests spent most of their time waiting on these
-// references (8192 MoE tokens took 8 s on one core). Every row runs the same code whichever thread
-// takes it, so the results do not depend on the thread count. An exception is rethrown here.
-template <typename Row>
-void for_each_row(size_t rows, size_t min_rows, const Row& row) {
-  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t threads = std::min(cores, rows / std::max<size_t>(1, min_rows));
-  if (threads <= 1) {
-    for (size_t i = 0; i < rows; ++i) row(i);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(threads);
-  auto range = [&](size_t t) {
-    try {
-      for (size_t i = rows * t / threads; i < rows * (t + 1) / threads; ++i) row(i);
-    } catch (...) {
-      errors[t] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(range, t);
-  range(0);
-  for (auto& thread : pool) thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
 
 // Softmax attention of one query row over explicit keys; writes out[0..d) and returns the lse.
 template <typename KeyAt>
@@ -82,7 +51,7 @@ AttentionResult prefill_reference(const PrefillProblem& p) {
   const int group = p.hq / p.hkv;
   for (size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
     const int lq = p.cu_q[b + 1] - p.cu_q[b], lk = p.cu_k[b + 1] - p.cu_k[b];
-    for_each_row(static_cast<size_t>(std::max(lq, 0)), 4, [&](size_t row_in_batch) {
+    detail::for_each_index_in_parallel(static_cast<size_t>(std::max(lq, 0)), 4, [&](size_t row_in_batch) {
       const int i = static_cast<int>(row_in_batch), pos = i + lk - lq;
       int lo = 0, hi = lk;
       if (p.causal) hi = std::min(lk, pos + 1);
@@ -108,7 +77,7 @@ AttentionResult decode_reference(const DecodeProblem& p) {
   r.out.assign(p.q.size(), 0.0);
   r.lse.assign(static_cast<size_t>(p.batch * p.q_len * p.hq), kNegInf);
   const int group = p.hq / p.hkv;
-  for_each_row(static_cast<size_t>(std::max(p.batch * p.q_len, 0)), 1, [&](size_t query_row) {
+  detail::for_each_index_in_parallel(static_cast<size_t>(std::max(p.batch * p.q_len, 0)), 1, [&](size_t query_row) {
     const int row = static_cast<int>(query_row), b = row / p.q_len, t = row % p.q_len;
     const int len = p.seqlens[static_cast<size_t>(b)];
     const int pos = len - p.q_len + t;
@@ -155,7 +124,7 @@ double round_to_bf16(double v) {
 std::vector<double> moe_apply_reference(const MoeProblem& p) {
   const size_t H = static_cast<size_t>(p.hidden), I = static_cast<size_t>(p.inter), E = static_cast<size_t>(p.experts);
   std::vector<double> out(static_cast<size_t>(p.tokens) * H, 0.0);
-  for_each_row(static_cast<size_t>(std::max(p.tokens, 0)), 8, [&](size_t t) {
+  detail::for_each_index_in_parallel(static_cast<size_t>(std::max(p.tokens, 0)), 8, [&](size_t t) {
     std::vector<int> ids(static_cast<size_t>(p.top_k));
     std::vector<double> weights(static_cast<size_t>(p.top_k));
     if (p.logits.empty()) {

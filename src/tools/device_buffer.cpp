@@ -1,11 +1,11 @@
 #include "tools/device_buffer.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
+#include <random>
 
 #include "backends/backend.hpp"
+#include "core/parallel.hpp"
 #include "kiln/platform.hpp"
 
 namespace kiln::tools {
@@ -21,20 +21,11 @@ detail::VendorBackend& gpu() { return detail::launch_backend(); }
 template <typename Fill>
 void fill_in_chunks(uint32_t seed, size_t n, const Fill& fill) {
   constexpr size_t kChunk = size_t{1} << 20;
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t c = next++; c < chunks; c = next++) {
-      std::seed_seq seq{seed, static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)};
-      std::mt19937 rng(seq);
-      fill(rng, c * kChunk, std::min(n, (c + 1) * kChunk));
-    }
-  };
-  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), chunks);
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (auto& thread : pool) thread.join();
+  detail::for_each_index_in_parallel((n + kChunk - 1) / kChunk, 1, [&](size_t c) {
+    std::seed_seq seq{seed, static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)};
+    std::mt19937 rng(seq);
+    fill(rng, c * kChunk, std::min(n, (c + 1) * kChunk));
+  });
 }
 
 }  // namespace
