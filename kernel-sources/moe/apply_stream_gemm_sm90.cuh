@@ -79,6 +79,8 @@ template <int kFormat>
 struct MoeGemmTileN {
   enum { value = kFormat == kWeightsBf16 ? kMoeTileN : kMoeMxfp4TileN };
 };
+// Threads that run the MMAs (the warpgroups from 0): two with bf16 weights, three with MXFP4.
+__device__ __forceinline__ constexpr int moe_gemm_math_threads(bool mxfp4) { return mxfp4 ? kMoeMxfp4MathThreads : kMoeMathThreads; }
 
 // The gated activation (moe_common.cuh) on MUFU approximations: the epilogue runs while no MMA
 // does. sigmoid(a x) = 1 / (1 + 2^(-a x log2 e)).
@@ -268,7 +270,7 @@ template <class Pipe>
 __device__ __forceinline__ void moe_gemm_init_barriers(const Pipe& pipe, bool mxfp4) {
   for (int s = 0; s < Pipe::kStages; ++s) {
     mbarrier_init(pipe.full + 8 * s, mxfp4 ? 1 + kMoeCopierThreads : 1);
-    mbarrier_init(pipe.empty + 8 * s, mxfp4 ? kMoeMxfp4MathThreads : kMoeMathThreads);
+    mbarrier_init(pipe.empty + 8 * s, moe_gemm_math_threads(mxfp4));
     mbarrier_init(pipe.told + 8 * s, 1);
   }
   mbarrier_init_fence();
@@ -917,7 +919,7 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<k
                                const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
-  if (warpgroup < (kFormat == kWeightsBf16 ? kMoeMathThreads : kMoeMxfp4MathThreads) / 128) {
+  if (warpgroup < moe_gemm_math_threads(kFormat != kWeightsBf16) / 128) {
     moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
     // act (up) is read by down's copies after the grid barrier that follows.
     if (kUp) fence_async_global();
