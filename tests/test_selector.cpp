@@ -420,6 +420,37 @@ TEST(Selector, PrefillWindowTensorMaps) {
   EXPECT_EQ(describe(maps[kPrefillMapV]), (std::array<uint64_t, 9>{3, 64, 1, 1, 128, 64 * 64 * 2, 64, 1, 48}));
 }
 
+// The warp-specialized kernel's key blocks: 176 keys at head_dim 128 for contiguous keys (prefill),
+// 128 at head_dim 64 and for paged keys (extend); shared memory and the k and v boxes follow.
+TEST(Selector, PrefillWarpSpecializedKeyBlocks) {
+  const auto prefill = Registry::global().find("attention.prefill.wgmma_ws");
+  const auto extend = Registry::global().find("attention.extend.wgmma_ws");
+  ASSERT_TRUE(prefill && extend);
+  const Platform sm90a = platform_for_target("sm_90a");
+  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
+  KilnPrefillParams p{};
+  p.q = reinterpret_cast<const void*>(device);
+  p.k = reinterpret_cast<const void*>(device + 0x100000);
+  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  p.batch = 1, p.max_seqlen_q = 4096, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128, p.total_q = 4096, p.total_k = 4096;
+  p.q_row_stride = 32 * 128, p.q_head_stride = 128;
+  p.k_row_stride = p.v_row_stride = 8 * 128, p.k_head_stride = p.v_head_stride = 128;
+  const auto barriers = [](int stages) { return 8 * (2 + 4 * stages); };
+  // 128 query rows, two stages of 176-key K and V tiles, 1 KB of alignment, the mbarriers.
+  EXPECT_EQ(prefill->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t((128 + 2 * 2 * 176) * 128 * 2 + 1024 + barriers(2)));
+  EXPECT_EQ(prefill->tensor_maps(&p, sm90a)[kPrefillMapK].box[2], 176u);
+  EXPECT_EQ(prefill->tensor_maps(&p, sm90a)[kPrefillMapV].box[2], 176u);
+  p.head_dim = 64, p.num_heads_q = 64;
+  p.q_row_stride = 64 * 64, p.q_head_stride = 64, p.k_row_stride = p.v_row_stride = 8 * 64, p.k_head_stride = p.v_head_stride = 64;
+  EXPECT_EQ(prefill->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t((192 + 2 * 4 * 128) * 64 * 2 + 1024 + barriers(4)));
+  EXPECT_EQ(prefill->tensor_maps(&p, sm90a)[kPrefillMapK].box[2], 128u);
+  // Paged keys at head_dim 128: 128-key blocks in three stages, a page per box.
+  p.head_dim = 128, p.num_heads_q = 32, p.page_size = 64;
+  p.q_row_stride = 32 * 128, p.q_head_stride = 128, p.k_row_stride = p.v_row_stride = 8 * 128, p.k_head_stride = p.v_head_stride = 128;
+  EXPECT_EQ(extend->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t((128 + 2 * 3 * 128) * 128 * 2 + 1024 + barriers(3)));
+  EXPECT_EQ(extend->tensor_maps(&p, sm90a)[kPrefillMapK].box[2], 64u);
+}
+
 TEST(Selector, MoeGroupedGemmTensorMaps) {
   const auto spec = Registry::global().find("moe.apply.stream");
   ASSERT_TRUE(spec && spec->tensor_maps);
@@ -523,6 +554,7 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   // and sm_120.
   EXPECT_LT(mxfp4_rings, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
   EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 27 * 1024, sm90a.shared_memory_per_block);
+  EXPECT_LE(uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES} + 27 * 1024, sm90a.shared_memory_per_block);
   EXPECT_LE(mxfp4_rings + 27 * 1024, uint32_t{99 * 1024});
 }
 

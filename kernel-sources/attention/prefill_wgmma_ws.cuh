@@ -6,14 +6,14 @@
 // or not packed) by cp.async from all 128 producer threads, each row finding its page through
 // shuffles of the block's page-table entries, the copies arriving on the full barrier as they land.
 //
-// Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's 128-key blocks. Per block j
-// a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs block j's softmax
-// while P V is still on the tensor cores, and rescales O once it lands: the exp2 work of one block
-// hides under the MMAs of the previous one. The consumers take turns to issue (named barriers, in
-// a cycle), so one's softmax overlaps the others' MMAs. A stage is released by each consumer warp
-// as soon as its MMA has read it, K before V. Key blocks wholly outside the causal or window band
-// are skipped, only edge blocks are masked; query blocks are visited last-first so the longest
-// start first.
+// Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's key blocks (128 keys; 176
+// for contiguous keys at head_dim 128). Per block j a consumer issues S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor cores, and
+// rescales O once it lands: the exp2 work of one block hides under the MMAs of the previous one.
+// The consumers take turns to issue (named barriers, in a cycle), so one's softmax overlaps the
+// others' MMAs. A stage is released by each consumer warp as soon as its MMA has read it, K before
+// V. Key blocks wholly outside the causal or window band are skipped, only edge blocks are masked;
+// query blocks are visited last-first so the longest start first.
 //
 // Keys past the sequence inside its last block arrive by TMA from the next sequence (or as zeros
 // past the tensor). Their scores are masked, but P V would multiply their V rows by P's zeros, and
@@ -21,8 +21,8 @@
 // then completes the stage's full barrier itself.
 //
 // Launch: grid (ceil(max_seqlen_q / kBlockQ), Hq, batch), block 128 (kConsumers + 1) threads;
-// dynamic shared memory (kBlockQ + 2 kStages x 128) x head_dim x 2 + 1024 + 8 (2 + 4 kStages)
-// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (128 rows, or for
+// dynamic shared memory (kBlockQ + 2 kStages x kBlockK) x head_dim x 2 + 1024 + 8 (2 + 4 kStages)
+// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (kBlockK rows, or for
 // paged caches min(page_size, 128)).
 #pragma once
 
@@ -46,7 +46,9 @@ struct PrefillWsShape {
     kConsumers = kHeadDim == 64 ? 3 : 2,
     kThreads = 128 * (kConsumers + 1),
     kBlockQ = 64 * kConsumers,
-    kBlockK = 128,
+    // Contiguous keys at head_dim 128 come 176 to a block, FlashAttention-3's choice: more MMA
+    // per softmax step within the consumers' 232 registers (S 88, P 44, O 64).
+    kBlockK = kHeadDim == 128 && !kPaged ? 176 : 128,
     // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys
     // take 3, chosen for the cp.async producer and not measured apart since the page boxes.
     kStages = kHeadDim == 64 ? 4

@@ -67,6 +67,8 @@ std::optional<std::string> check_paged(const Signature& sig) {
   return std::nullopt;
 }
 
+int key_rows_of(const PrefillKernel& k, int64_t head_dim) { return head_dim == 128 && k.key_rows_d128 > 0 ? k.key_rows_d128 : k.key_rows; }
+
 const char* mode_of(PrefillInput input) {
   switch (input) {
     case PrefillInput::kPagedExtend: return kModeExtend;
@@ -128,7 +130,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     // The Q rows plus the stages of K and V tiles, 16-bit elements, and the mbarriers: with a
     // producer Q's, a partial V block's and four per stage, else one per stage.
     const int stages = p.head_dim == 64 && k.stages_d64 > 0 ? k.stages_d64 : k.stages;
-    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * k.key_rows) * p.head_dim * 2) + k.alignment;
+    shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * key_rows_of(k, p.head_dim)) * p.head_dim * 2) + k.alignment;
     if (k.producer_warpgroup) {
       shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * (2 + 4 * stages));
     } else if (k.tma) {
@@ -145,7 +147,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     spec.tensor_maps = [k](const void* params, const Platform&) {
       const auto& p = *static_cast<const KilnPrefillParams*>(params);
       // Paged keys come a page (or a key block of a larger page) per box.
-      return prefill_tensor_maps(p, k.q_box_rows, k.input == PrefillInput::kPagedExtend ? std::min(p.page_size, k.key_rows) : k.key_rows);
+      const int key_rows = key_rows_of(k, p.head_dim);
+      return prefill_tensor_maps(p, k.q_box_rows, k.input == PrefillInput::kPagedExtend ? std::min(p.page_size, key_rows) : key_rows);
     };
   }
   return spec;
@@ -178,7 +181,8 @@ PrefillKernel wgmma_ws_kernel(const char* name) {
           .tma = true,
           .q_box_rows = 64,
           .producer_warpgroup = true,
-          .stages_d64 = 4};
+          .stages_d64 = 4,
+          .key_rows_d128 = 176};  // contiguous keys (PrefillWsShape); the paged form keeps 128
 }
 
 }  // namespace kiln::detail

@@ -39,6 +39,7 @@ struct PrefillKernel {
   int q_box_rows = 16;              // with tma: rows of one Q copy
   bool producer_warpgroup = false;  // one more warpgroup copies; K and V rings of full and empty mbarriers
   int stages_d64 = 0;               // stages at head_dim 64 where they differ (0: `stages`)
+  int key_rows_d128 = 0;            // rows of each K and V tile at head_dim 128 where they differ (0: `key_rows`)
   PrefillInput input = PrefillInput::kContiguous;
 };
 
