@@ -20,13 +20,28 @@ struct PrefillQueryBlock {
 
 // Grid (query blocks, Hq / heads_per_block, batch): a block owns `block_rows` query positions of
 // `heads_per_block` consecutive query heads (all reading one KV head). Blocks are taken last-first
-// so that under causal masking the longest rows start first. The block is empty when q0 >= len_q
-// (a shorter sequence of the batch).
+// so that under causal masking the longest rows start first, across the heads of a group: the GPU
+// starts CTAs in linear order (x fastest), and x and y are read as one index whose head varies
+// fastest within a group of heads, so every head's last query block starts before any head's
+// second last. (Taken head by head, the last heads' long blocks started last and ran on alone.) A
+// group holds the heads whose keys and values fit kPrefillGroupKvBytes, so that what the running
+// CTAs read stays in L2. The block is empty when q0 >= len_q (a shorter sequence of the batch).
+enum : long long { kPrefillGroupKvBytes = 16ll << 20 };
 __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefillParams& p, int block_rows, int heads_per_block = 1) {
   PrefillQueryBlock blk;
   const int b = blockIdx.z;
   blk.batch = b;
-  blk.head = blockIdx.y * heads_per_block;
+  // KV heads per group: a power of two whose K and V (16-bit, as long as the longest query run)
+  // fit the budget, at least one.
+  const long long kv_bytes = 4ll * gridDim.x * block_rows * p.head_dim;
+  long long kv_heads = 1;
+  while (2 * kv_heads * kv_bytes <= kPrefillGroupKvBytes) kv_heads *= 2;
+  const long long per_kv = max(1, p.num_heads_q / p.num_heads_kv / heads_per_block);
+  const int group = static_cast<int>(min(static_cast<long long>(gridDim.y), per_kv * kv_heads));
+  const int linear = blockIdx.y * gridDim.x + blockIdx.x, first = linear / (group * gridDim.x) * group;
+  const int heads = min(group, static_cast<int>(gridDim.y) - first), within = linear - first * gridDim.x;
+  const int from_last = within / heads;
+  blk.head = (first + within % heads) * heads_per_block;
   blk.kv_head = blk.head / (p.num_heads_q / p.num_heads_kv);
   if (p.q_len > 0) {
     blk.q_begin = b * p.q_len;
@@ -42,7 +57,7 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
     blk.k_begin = p.cu_seqlens_k[b];
     blk.len_k = p.cu_seqlens_k[b + 1] - blk.k_begin;
   }
-  blk.q0 = (gridDim.x - 1 - blockIdx.x) * block_rows;
+  blk.q0 = (gridDim.x - 1 - from_last) * block_rows;
   blk.shift = blk.len_k - blk.len_q;
   blk.upper_bound = p.causal != 0;
   const int last_row = min(blk.len_q, blk.q0 + block_rows) - 1;
