@@ -32,10 +32,10 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
   const int b = blockIdx.z;
   blk.batch = b;
   // KV heads per group: a power of two whose K and V (16-bit, as long as the longest query run)
-  // fit the budget, at least one.
+  // fit the budget, at least one, and no more than the grid's heads need.
   const long long kv_bytes = 4ll * gridDim.x * block_rows * p.head_dim;
   long long kv_heads = 1;
-  while (2 * kv_heads * kv_bytes <= kPrefillGroupKvBytes) kv_heads *= 2;
+  while (kv_heads < gridDim.y && 2 * kv_heads * kv_bytes <= kPrefillGroupKvBytes) kv_heads *= 2;
   const long long per_kv = max(1, p.num_heads_q / p.num_heads_kv / heads_per_block);
   const int group = static_cast<int>(min(static_cast<long long>(gridDim.y), per_kv * kv_heads));
   const int linear = blockIdx.y * gridDim.x + blockIdx.x, first = linear / (group * gridDim.x) * group;
