@@ -52,53 +52,60 @@ __device__ __forceinline__ void wgmma_define_operands(float (&d)[kTiles][4]) {
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Operand lists: the m64nN f32 accumulators, then the descriptors or A registers and the
-// accumulate flag (0: D = A B, otherwise D += A B). Each N's lists extend the next smaller N's.
+// accumulate flag (0: D = A B, otherwise D += A B). The lists grow 16 columns at a time.
 #define KILN_WGMMA_ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define KILN_WGMMA_ACC_48 \
-  KILN_WGMMA_ACC8(0), KILN_WGMMA_ACC8(1), KILN_WGMMA_ACC8(2), KILN_WGMMA_ACC8(3), KILN_WGMMA_ACC8(4), KILN_WGMMA_ACC8(5)
-#define KILN_WGMMA_REGS_48 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
+#define KILN_WGMMA_ACC_16 KILN_WGMMA_ACC8(0), KILN_WGMMA_ACC8(1)
+#define KILN_WGMMA_REGS_16 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define KILN_WGMMA_ACC_32 KILN_WGMMA_ACC_16, KILN_WGMMA_ACC8(2), KILN_WGMMA_ACC8(3)
+#define KILN_WGMMA_REGS_32 KILN_WGMMA_REGS_16 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define KILN_WGMMA_ACC_48 KILN_WGMMA_ACC_32, KILN_WGMMA_ACC8(4), KILN_WGMMA_ACC8(5)
+#define KILN_WGMMA_REGS_48 KILN_WGMMA_REGS_32 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define KILN_WGMMA_ACC_64 KILN_WGMMA_ACC_48, KILN_WGMMA_ACC8(6), KILN_WGMMA_ACC8(7)
+#define KILN_WGMMA_REGS_64 KILN_WGMMA_REGS_48 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define KILN_WGMMA_ACC_80 KILN_WGMMA_ACC_64, KILN_WGMMA_ACC8(8), KILN_WGMMA_ACC8(9)
+#define KILN_WGMMA_REGS_80 KILN_WGMMA_REGS_64 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define KILN_WGMMA_ACC_96 KILN_WGMMA_ACC_80, KILN_WGMMA_ACC8(10), KILN_WGMMA_ACC8(11)
+#define KILN_WGMMA_REGS_96 KILN_WGMMA_REGS_80 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define KILN_WGMMA_ACC_112 KILN_WGMMA_ACC_96, KILN_WGMMA_ACC8(12), KILN_WGMMA_ACC8(13)
+#define KILN_WGMMA_REGS_112 KILN_WGMMA_REGS_96 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define KILN_WGMMA_ACC_128 KILN_WGMMA_ACC_112, KILN_WGMMA_ACC8(14), KILN_WGMMA_ACC8(15)
+#define KILN_WGMMA_REGS_128 KILN_WGMMA_REGS_112 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define KILN_WGMMA_ACC_144 KILN_WGMMA_ACC_128, KILN_WGMMA_ACC8(16), KILN_WGMMA_ACC8(17)
+#define KILN_WGMMA_REGS_144 KILN_WGMMA_REGS_128 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define KILN_WGMMA_ACC_160 KILN_WGMMA_ACC_144, KILN_WGMMA_ACC8(18), KILN_WGMMA_ACC8(19)
+#define KILN_WGMMA_REGS_160 KILN_WGMMA_REGS_144 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define KILN_WGMMA_ACC_176 KILN_WGMMA_ACC_160, KILN_WGMMA_ACC8(20), KILN_WGMMA_ACC8(21)
+#define KILN_WGMMA_REGS_176 KILN_WGMMA_REGS_160 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define KILN_WGMMA_ACC_192 KILN_WGMMA_ACC_176, KILN_WGMMA_ACC8(22), KILN_WGMMA_ACC8(23)
+#define KILN_WGMMA_REGS_192 KILN_WGMMA_REGS_176 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define KILN_WGMMA_ACC_208 KILN_WGMMA_ACC_192, KILN_WGMMA_ACC8(24), KILN_WGMMA_ACC8(25)
+#define KILN_WGMMA_REGS_208 KILN_WGMMA_REGS_192 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define KILN_WGMMA_ACC_224 KILN_WGMMA_ACC_208, KILN_WGMMA_ACC8(26), KILN_WGMMA_ACC8(27)
+#define KILN_WGMMA_REGS_224 KILN_WGMMA_REGS_208 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define KILN_WGMMA_ACC_240 KILN_WGMMA_ACC_224, KILN_WGMMA_ACC8(28), KILN_WGMMA_ACC8(29)
+#define KILN_WGMMA_REGS_240 KILN_WGMMA_REGS_224 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define KILN_WGMMA_ACC_256 KILN_WGMMA_ACC_240, KILN_WGMMA_ACC8(30), KILN_WGMMA_ACC8(31)
+#define KILN_WGMMA_REGS_256 KILN_WGMMA_REGS_240 ", %120, %121, %122, %123, %124, %125, %126, %127"
 #define KILN_WGMMA_D_48 "{" KILN_WGMMA_REGS_48 "}"
 #define KILN_WGMMA_SS_TAIL_48 ", %24, %25, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_48 "setp.ne.b32 p, %26, 0;\n"
 #define KILN_WGMMA_RS_A_48 ", {%24, %25, %26, %27}, %28, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_48 "setp.ne.b32 p, %29, 0;\n"
-#define KILN_WGMMA_ACC_64 KILN_WGMMA_ACC_48, KILN_WGMMA_ACC8(6), KILN_WGMMA_ACC8(7)
-#define KILN_WGMMA_REGS_64 KILN_WGMMA_REGS_48 ", %24, %25, %26, %27, %28, %29, %30, %31"
 #define KILN_WGMMA_D_64 "{" KILN_WGMMA_REGS_64 "}"
 #define KILN_WGMMA_SS_TAIL_64 ", %32, %33, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_64 "setp.ne.b32 p, %34, 0;\n"
 #define KILN_WGMMA_RS_A_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_64 "setp.ne.b32 p, %37, 0;\n"
-#define KILN_WGMMA_ACC_128                                                                                                  \
-  KILN_WGMMA_ACC_64, KILN_WGMMA_ACC8(8), KILN_WGMMA_ACC8(9), KILN_WGMMA_ACC8(10), KILN_WGMMA_ACC8(11), KILN_WGMMA_ACC8(12), \
-      KILN_WGMMA_ACC8(13), KILN_WGMMA_ACC8(14), KILN_WGMMA_ACC8(15)
-#define KILN_WGMMA_REGS_128                                                                                                             \
-  KILN_WGMMA_REGS_64                                                                                                                    \
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, " \
-      "%57, %58, %59, %60, %61, %62, %63"
 #define KILN_WGMMA_D_128 "{" KILN_WGMMA_REGS_128 "}"
 #define KILN_WGMMA_SS_TAIL_128 ", %64, %65, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
 #define KILN_WGMMA_RS_A_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
-#define KILN_WGMMA_ACC_176                                                                                                     \
-  KILN_WGMMA_ACC_128, KILN_WGMMA_ACC8(16), KILN_WGMMA_ACC8(17), KILN_WGMMA_ACC8(18), KILN_WGMMA_ACC8(19), KILN_WGMMA_ACC8(20), \
-      KILN_WGMMA_ACC8(21)
-#define KILN_WGMMA_REGS_176 \
-  KILN_WGMMA_REGS_128       \
-      ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87"
 #define KILN_WGMMA_D_176 "{" KILN_WGMMA_REGS_176 "}"
 #define KILN_WGMMA_SS_TAIL_176 ", %88, %89, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_176 "setp.ne.b32 p, %90, 0;\n"
 #define KILN_WGMMA_RS_A_176 ", {%88, %89, %90, %91}, %92, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_176 "setp.ne.b32 p, %93, 0;\n"
-#define KILN_WGMMA_ACC_256                                                                                                     \
-  KILN_WGMMA_ACC_176, KILN_WGMMA_ACC8(22), KILN_WGMMA_ACC8(23), KILN_WGMMA_ACC8(24), KILN_WGMMA_ACC8(25), KILN_WGMMA_ACC8(26), \
-      KILN_WGMMA_ACC8(27), KILN_WGMMA_ACC8(28), KILN_WGMMA_ACC8(29), KILN_WGMMA_ACC8(30), KILN_WGMMA_ACC8(31)
-#define KILN_WGMMA_REGS_256                                                                                                              \
-  KILN_WGMMA_REGS_176                                                                                                                    \
-      ", %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
-      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define KILN_WGMMA_D_256 "{" KILN_WGMMA_REGS_256 "}"
 #define KILN_WGMMA_SS_TAIL_256 ", %128, %129, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_256 "setp.ne.b32 p, %130, 0;\n"
