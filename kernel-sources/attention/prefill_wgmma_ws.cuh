@@ -8,12 +8,12 @@
 //
 // Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's key blocks (128 keys; 176
 // for contiguous keys at head_dim 128). Per block j a consumer issues S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor cores, and
-// rescales O once it lands: the exp2 work of one block hides under the MMAs of the previous one.
-// The consumers take turns to issue (named barriers, in a cycle), so one's softmax overlaps the
-// others' MMAs. A stage is released by each consumer warp as soon as its MMA has read it, K before
-// V. Key blocks wholly outside the causal or window band are skipped, only edge blocks are masked;
-// query blocks are visited last-first so the longest start first.
+// O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor
+// cores, and rescales O once it lands: the exp2 work of one block hides under the MMAs of the
+// previous one. The consumers take turns to issue (named barriers, in a cycle), so one's softmax
+// overlaps the others' MMAs. A stage is released by each consumer warp as soon as its MMA has read
+// it, K before V. Key blocks wholly outside the causal or window band are skipped, only edge blocks
+// are masked; query blocks are visited last-first so the longest start first.
 //
 // Keys past the sequence inside its last block arrive by TMA from the next sequence (or as zeros
 // past the tensor). Their scores are masked, but P V would multiply their V rows by P's zeros, and
