@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const PrefillQueryBlock blk = prefill_query_block(p, kPositions, kHeadsPerCta);
+  const PrefillQueryBlock blk = prefill_query_block_in_order(p, kPositions, kHeadsPerCta);
   if (blk.q0 >= blk.len_q) return;
   const int num_blocks = blk.key_end > blk.key_start ? (blk.key_end - blk.key_start + kBlockK - 1) / kBlockK : 0;
 
