@@ -30,9 +30,11 @@
 namespace kiln {
 
 // Zeroes rows [first, kTileRows) of a 128-byte-swizzled tile of kAtoms 64-column atoms
-// (`atom_bytes` apart). Whole 128-byte rows, so the swizzle does not matter.
+// (`atom_bytes` apart). Whole 128-byte rows, so the swizzle does not matter. Not inlined: only
+// blocks at a sequence's start run it, and inlined, its per-thread index arithmetic was hoisted
+// ahead of the key loop into every CTA (about 50 instructions a warp).
 template <int kTileRows, int kAtoms>
-__device__ __forceinline__ void zero_rows_from(unsigned char* tile, int atom_bytes, int first, unsigned thread, unsigned threads) {
+__device__ __noinline__ void zero_rows_from(unsigned char* tile, int atom_bytes, int first, unsigned thread, unsigned threads) {
   for (unsigned i = thread; i < kTileRows * 8 * kAtoms; i += threads) {
     const unsigned chunk = i % 8, row = i / 8 % kTileRows, atom = i / (8 * kTileRows);
     if (static_cast<int>(row) >= first)
