@@ -30,9 +30,10 @@
 namespace kiln {
 
 // Zeroes rows [first, kTileRows) of a 128-byte-swizzled tile of kAtoms 64-column atoms
-// (`atom_bytes` apart). Whole 128-byte rows, so the swizzle does not matter. Not inlined: only
-// blocks at a sequence's start run it, and inlined, its per-thread index arithmetic was hoisted
-// ahead of the key loop into every CTA (about 50 instructions a warp).
+// (`atom_bytes` apart). Whole 128-byte rows, so the swizzle does not matter. Not inlined: it runs
+// only where a band ends inside a block (for GPT-OSS's window of 128, whose 144-key bands are three
+// whole blocks, at a sequence's first and last positions), and inlined, its per-thread index
+// arithmetic was hoisted ahead of the key loop into every CTA (about 50 instructions a warp).
 template <int kTileRows, int kAtoms>
 __device__ __noinline__ void zero_rows_from(unsigned char* tile, int atom_bytes, int first, unsigned thread, unsigned threads) {
   for (unsigned i = thread; i < kTileRows * 8 * kAtoms; i += threads) {
