@@ -18,16 +18,6 @@ struct PrefillQueryBlock {
   int key_start, key_end;  // keys any row of the block can see: [key_start, key_end)
 };
 
-// Grid (query blocks, Hq / heads_per_block, batch): a block owns `block_rows` query positions of
-// `heads_per_block` consecutive query heads (all reading one KV head). Blocks are taken last-first
-// so that under causal masking the longest rows start first, across the heads of a group: the GPU
-// starts CTAs in linear order (x fastest), and x and y are read as one index whose head varies
-// fastest within a group of heads, so every head's last query block starts before any head's
-// second last. (Taken head by head, the last heads' long blocks started last and ran on alone.) A
-// group holds the heads whose keys and values fit kPrefillGroupKvBytes, so that what the running
-// CTAs read stays in L2. The block is empty when q0 >= len_q (a shorter sequence of the batch).
-enum : long long { kPrefillGroupKvBytes = 16ll << 20 };
-
 // The rest of a block once its sequence, heads and first row are set: where the sequence's rows
 // and keys are, and the keys its rows can see.
 __device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p, int block_rows, PrefillQueryBlock& blk) {
@@ -53,6 +43,15 @@ __device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p,
   blk.key_start = p.window_left >= 0 ? max(0, blk.q0 + blk.shift - p.window_left) : 0;
 }
 
+// Grid (query blocks, Hq / heads_per_block, batch): a block owns `block_rows` query positions of
+// `heads_per_block` consecutive query heads (all reading one KV head). Blocks are taken last-first
+// so that under causal masking the longest rows start first, across the heads of a group: the GPU
+// starts CTAs in linear order (x fastest), and x and y are read as one index whose head varies
+// fastest within a group of heads, so every head's last query block starts before any head's
+// second last. (Taken head by head, the last heads' long blocks started last and ran on alone.) A
+// group holds the heads whose keys and values fit kPrefillGroupKvBytes, so that what the running
+// CTAs read stays in L2. The block is empty when q0 >= len_q (a shorter sequence of the batch).
+enum : long long { kPrefillGroupKvBytes = 16ll << 20 };
 __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefillParams& p, int block_rows, int heads_per_block = 1) {
   PrefillQueryBlock blk;
   blk.batch = blockIdx.z;
