@@ -95,6 +95,10 @@ class Kiln:
         self.lib.kiln_moe_prepare_weights.argtypes = [P, ctypes.c_void_p]
         self.keep = []  # ctypes objects referenced by pointers must outlive the call
 
+    def set_override(self, op, kernel):
+        if self.lib.kiln_set_override(op.encode(), kernel.encode()) != 0:
+            raise RuntimeError(f"--override {op}={kernel}: {self.lib.kiln_last_error().decode()}")
+
     def call(self, fn, args):
         status = getattr(self.lib, fn)(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if status != 0:
@@ -593,6 +597,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe", "extend", "append"], help="one operator family")
     ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
+    ap.add_argument("--extend-shapes", help="only the extend shapes whose name contains one of these, comma-separated (e.g. window)")
+    ap.add_argument("--override", action="append", default=[], metavar="OP=KERNEL",
+                    help="run kiln's OP on KERNEL instead of the selected one (an A/B of two kernels), e.g. "
+                         "mha_extend_with_kvcache=attention.extend.mma_window; repeatable")
     ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
     ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared, w4a8)")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
@@ -611,6 +619,11 @@ def main():
     CUDA_GRAPHS = args.cuda_graphs
     torch.cuda.init()
     kiln = Kiln(args.lib)
+    for spec in args.override:
+        op, _, kernel = spec.partition("=")
+        if not kernel:
+            ap.error(f"--override: expected OP=KERNEL, got {spec!r}")
+        kiln.set_override(op, kernel)
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     rows = []
@@ -654,9 +667,12 @@ def main():
         ("d128 prefix 0 +4096 p64", 1, 0, 4096, 32, 8, 128, 64, -1, False),
         ("d128 prefix 4096 +4096 p64", 1, 4096, 4096, 32, 8, 128, 64, -1, False),
         ("gpt-oss window 128 prefix 4096 +4096 p64", 1, 4096, 4096, 64, 8, 64, 64, 128, True),
+        ("gpt-oss window 128 prefix 4100 +4096 p16", 1, 4100, 4096, 64, 8, 64, 16, 128, True),
         ("d128 prefix 4096 +4096 p16", 1, 4096, 4096, 32, 8, 128, 16, -1, False),
     ]
     for c in extend_cases if args.only in (None, "extend") else ():
+        if args.extend_shapes and not any(part in c[0] for part in args.extend_shapes.split(",")):
+            continue
         settle(rows)
         rows.append(extend_case(kiln, *c, l2=l2, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)

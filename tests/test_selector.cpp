@@ -451,6 +451,44 @@ TEST(Selector, PrefillWarpSpecializedKeyBlocks) {
   EXPECT_EQ(extend->tensor_maps(&p, sm90a)[kPrefillMapK].box[2], 64u);
 }
 
+// The window kernel over paged caches: causal windows on pages of 8 rows and up on sm_90a (smaller
+// pages stay with the mma.sync kernel), boxes of 16 rows or one page of 8, and a grid that covers
+// 15 rows more, since its blocks move back to start keys on multiples of 16.
+TEST(Selector, ExtendWindowsOnWholePageBoxes) {
+  Signature windowed({kFamilyAttention, kModeExtend});
+  windowed.set("dtype", "bf16").set("kv_dtype", "bf16").set("head_dim", int64_t{64}).set("group", int64_t{8});
+  windowed.set_flag("causal", true).set_flag("window", true).set_flag("sinks", true).set_flag("softcap", false).set_flag("lse", false);
+  const Platform sm90a = platform_for_target("sm_90a");
+  for (int64_t page : {8, 16, 256}) {
+    windowed.set("page_size", page);
+    EXPECT_EQ(Registry::global().select(windowed, sm90a)->name, "attention.extend.wgmma_window") << page;
+  }
+  windowed.set("page_size", int64_t{4});
+  EXPECT_EQ(Registry::global().select(windowed, sm90a)->name, "attention.extend.mma_window");
+  windowed.set("page_size", int64_t{64});
+  EXPECT_EQ(Registry::global().select(windowed, platform_for_target("sm_80"))->name, "attention.extend.mma_window");
+
+  const auto spec = Registry::global().find("attention.extend.wgmma_window");
+  ASSERT_TRUE(spec && spec->tensor_maps);
+  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
+  KilnPrefillParams p{};
+  p.q = reinterpret_cast<const void*>(device);
+  p.k = reinterpret_cast<const void*>(device + 0x100000);
+  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  p.batch = 2, p.max_seqlen_q = 100, p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.total_q = 150, p.total_k = 40 * 64;
+  p.q_row_stride = 64 * 64, p.q_head_stride = 64;
+  p.k_row_stride = p.v_row_stride = 8 * 64, p.k_head_stride = p.v_head_stride = 64;
+  p.page_size = 64;
+  const LaunchShape shape = spec->launch_shape(&p, sm90a);
+  EXPECT_EQ(shape.grid[0], (100u + 15 + 15) / 16);  // 16 positions of 4 heads a CTA
+  EXPECT_EQ(shape.grid[1], 16u);
+  EXPECT_EQ(shape.block[0], 128u);
+  EXPECT_EQ(spec->tensor_maps(&p, sm90a)[kPrefillMapK].box[2], 16u);
+  EXPECT_EQ(spec->tensor_maps(&p, sm90a)[kPrefillMapV].dims[2], 40u * 64);
+  p.page_size = 8;
+  EXPECT_EQ(spec->tensor_maps(&p, sm90a)[kPrefillMapV].box[2], 8u);
+}
+
 TEST(Selector, MoeGroupedGemmTensorMaps) {
   const auto spec = Registry::global().find("moe.apply.stream");
   ASSERT_TRUE(spec && spec->tensor_maps);

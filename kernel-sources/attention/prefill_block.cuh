@@ -19,8 +19,13 @@ struct PrefillQueryBlock {
 };
 
 // The rest of a block once its sequence, heads and first row are set: where the sequence's rows
-// and keys are, and the keys its rows can see.
-__device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p, int block_rows, PrefillQueryBlock& blk) {
+// and keys are, and the keys its rows can see. `key_align` > 1 (a power of two dividing
+// block_rows): the block moves back by up to key_align - 1 rows so that its first row's key
+// position q0 + shift is a multiple of it, and key_start rounds down to one, so that key blocks
+// start on whole page boxes; the first block of a sequence then holds rows before its first (q0
+// < 0), which are computed but not stored, and the grid covers key_align - 1 rows more.
+__device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p, int block_rows, PrefillQueryBlock& blk,
+                                                     int key_align = 1) {
   const int b = blk.batch;
   if (p.q_len > 0) {
     blk.q_begin = b * p.q_len;
@@ -37,10 +42,11 @@ __device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p,
     blk.len_k = p.cu_seqlens_k[b + 1] - blk.k_begin;
   }
   blk.shift = blk.len_k - blk.len_q;
+  blk.q0 -= (blk.q0 + blk.shift) & (key_align - 1);
   blk.upper_bound = p.causal != 0;
   const int last_row = min(blk.len_q, blk.q0 + block_rows) - 1;
   blk.key_end = blk.upper_bound ? min(blk.len_k, last_row + blk.shift + 1) : blk.len_k;
-  blk.key_start = p.window_left >= 0 ? max(0, blk.q0 + blk.shift - p.window_left) : 0;
+  blk.key_start = p.window_left >= 0 ? max(0, blk.q0 + blk.shift - p.window_left) & -key_align : 0;
 }
 
 // Grid (query blocks, Hq / heads_per_block, batch): a block owns `block_rows` query positions of
@@ -76,13 +82,14 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
 // block x of head block y, in the grid's own order. It skips the order's arithmetic above (a loop
 // and four divisions): in the wgmma window kernel, whose warps issue about 1800 instructions per
 // CTA, that took GPT-OSS's window rows from 0.0510 to 0.0474 ms at S = 4096 (H200).
-__device__ __forceinline__ PrefillQueryBlock prefill_query_block_in_order(const KilnPrefillParams& p, int block_rows, int heads_per_block) {
+__device__ __forceinline__ PrefillQueryBlock prefill_query_block_in_order(const KilnPrefillParams& p, int block_rows, int heads_per_block,
+                                                                          int key_align = 1) {
   PrefillQueryBlock blk;
   blk.batch = blockIdx.z;
   blk.head = blockIdx.y * heads_per_block;
   blk.kv_head = blk.head * p.num_heads_kv / p.num_heads_q;
   blk.q0 = blockIdx.x * block_rows;
-  prefill_block_extent(p, block_rows, blk);
+  prefill_block_extent(p, block_rows, blk, key_align);
   return blk;
 }
 

@@ -13,15 +13,22 @@
 // two warpgroups per CTA (all 8 heads sharing K and V) fit 2 CTAs per SM and ran 10% slower than
 // one warpgroup at 5 CTAs per SM (33 KB of shared memory each); 3 stages (45 KB: 4 CTAs per SM)
 // ran 3% slower than 2.
-// Launch: grid (ceil(max_seqlen_q / positions), Hq / kHeadsPerCta, batch), block 32 * kWarps,
-// dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 + 1024 + 8 kStages bytes;
-// KilnPrefillParams::tensor_maps holds q, k and v (boxes of 16 and kBlockK rows; prefill_tensor_maps
-// in src/kernels/attention_prefill_mma.cpp).
+// kPaged (mha_extend_with_kvcache over paged caches, pages of 8 rows or more): a CTA's positions
+// move back so that its band starts on a multiple of 16 keys, and a block's K and V rows come as
+// boxes of 16 rows (8 for pages of 8), each within one page, issued by lanes of warp 0; caches whose
+// pages TMA cannot copy whole come by cp.async from every thread. On an H200 GPT-OSS's window rows
+// after a 4096-token prefix ran at 0.91x the contiguous kernel's speed, against 0.59x for the
+// mma.sync kernel (bench/RESULTS.md).
+// Launch: grid (ceil((max_seqlen_q + (kPaged ? 15 : 0)) / positions), Hq / kHeadsPerCta, batch),
+// block 32 * kWarps, dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 +
+// 1024 + 8 kStages bytes; KilnPrefillParams::tensor_maps holds q, k and v (boxes of 16 and kBlockK
+// rows, paged min(page_size, 16); prefill_tensor_maps in src/kernels/prefill_kernel.cpp).
 #pragma once
 
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "attention/prefill_block.cuh"
+#include "common/cp_async.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/prelude.cuh"
 #include "common/tma_sm90.cuh"
@@ -45,7 +52,7 @@ __device__ __noinline__ void zero_rows_from(unsigned char* tile, int atom_bytes,
 
 // Registers for 5 CTAs of 4 warps per SM at head_dim 64 (84 used), 2 at head_dim 128; for 8-warp
 // CTAs 2 and 1.
-template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages>
+template <typename T, int kHeadDim, bool kSoftcap, int kWarps, int kHeadsPerCta, int kBlockK, int kStages, bool kPaged = false>
 __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5 : 2) : (kHeadDim == 64 ? 2 : 1))
     prefill_wgmma_window(const __grid_constant__ KilnPrefillParams p) {
   static_assert(kWarps % 4 == 0 && kWarps % kHeadsPerCta == 0, "whole warpgroups; each head gets whole warps");
@@ -62,9 +69,13 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const PrefillQueryBlock blk = prefill_query_block_in_order(p, kPositions, kHeadsPerCta);
+  // Paged keys: blocks start on 16-key boundaries (prefill_block_extent), so every box of
+  // min(page_size, 16) rows lies in one page.
+  const PrefillQueryBlock blk = prefill_query_block_in_order(p, kPositions, kHeadsPerCta, kPaged ? 16 : 1);
   if (blk.q0 >= blk.len_q) return;
   const int num_blocks = blk.key_end > blk.key_start ? (blk.key_end - blk.key_start + kBlockK - 1) / kBlockK : 0;
+  // Paged caches TMA cannot copy as whole pages (params.h) come by cp.async from every thread.
+  const bool page_boxes = !kPaged || p.total_k > 0;
 
   // Thread 0 alone copies, by TMA, kStages - 1 blocks ahead of the MMAs; block 0 brings Q too, and
   // each block completes on its stage's mbarrier. Q tile row 16 w + r is position
@@ -73,32 +84,85 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
   // stored, and V rows past the band are zeroed before P V reads them (P is 0 there, and
   // 0 * garbage could be NaN).
   if (threadIdx.x == 0) {
-    for (int stage = 0; stage < kStages; ++stage) mbarrier_init(full_barriers + 8 * stage, 1);
+    for (int stage = 0; stage < kStages; ++stage) mbarrier_init(full_barriers + 8 * stage, page_boxes ? 1 : kThreads + 1);
     mbarrier_init_fence();
   }
+  // Paged boxes: lane l of warp 0 copies rows [16 l, 16 l + 16) of a block (page_size >= 16) or
+  // [8 l, 8 l + 8) (page_size 8), and holds the page of its rows in the next block to be issued,
+  // read one block ahead so that no copy waits on the page table.
+  const int box_rows = kPaged ? min(p.page_size, 16) : kBlockK, boxes = kBlockK / box_rows;
+  auto page_of_block = [&](int block) {
+    const int key = blk.key_start + block * kBlockK + lane * box_rows;
+    return lane < boxes && block < num_blocks && key < blk.len_k ? p.page_table[blk.batch * p.page_table_stride + (key >> p.page_shift)]
+                                                                 : 0;  // past the sequence: masked keys, zeroed V rows
+  };
+  int next_page = kPaged && page_boxes && warp == 0 ? page_of_block(0) : 0;
   __syncthreads();
+  auto issue_q = [&](unsigned barrier) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+      for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+        tma_load_3d(shared_address(q_tile) + atom * kQAtomBytes + w * 16 * 128, &p.tensor_maps[kPrefillMapQ], barrier, atom * 64,
+                    blk.head + w % kHeadsPerCta, blk.q_begin + blk.q0 + 16 * (w / kHeadsPerCta));
+      }
+    }
+  };
   auto issue = [&](int block) {
-    if (threadIdx.x != 0 || block >= num_blocks) return;
+    if (block >= num_blocks) return;
     const unsigned barrier = full_barriers + 8 * (block % kStages);
     const unsigned k_tile = shared_address(kv_tiles + (block % kStages) * 2 * kTileBytes);
-    mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + (block == 0 ? kQAtomBytes * (kHeadDim / 64) : 0));
-    if (block == 0) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+    const unsigned q_bytes = block == 0 ? kQAtomBytes * (kHeadDim / 64) : 0;
+    if constexpr (kPaged) {
+      if (!page_boxes) {  // every thread: its 16-byte chunks of K and V rows, arriving as they land
+        if (threadIdx.x == 0) {
+          mbarrier_arrive_expect_tx(barrier, q_bytes);
+          if (block == 0) issue_q(barrier);
+        }
+        const T* k_head = static_cast<const T*>(p.k) + blk.kv_head * p.k_head_stride;
+        const T* v_head = static_cast<const T*>(p.v) + blk.kv_head * p.v_head_stride;
+        for (unsigned i = threadIdx.x; i < kBlockK * kChunks; i += kThreads) {
+          const int r = static_cast<int>(i / kChunks), chunk = static_cast<int>(i % kChunks), key = blk.key_start + block * kBlockK + r;
+          const bool valid = key < blk.len_k;
+          const long long page = valid ? p.page_table[blk.batch * p.page_table_stride + (key >> p.page_shift)] : 0;
+          const long long row = key & (p.page_size - 1);
+          const unsigned at = swizzle128_tile_offset(r, chunk, kKAtomBytes);
+          copy16_async_or_zero(k_tile + at, k_head + page * p.k_page_stride + row * p.k_row_stride + chunk * 8, valid);
+          copy16_async_or_zero(k_tile + kTileBytes + at, v_head + page * p.v_page_stride + row * p.v_row_stride + chunk * 8, valid);
+        }
+        copies_arrive_on(barrier);
+        return;
+      }
+      if (warp != 0) return;
+      if (lane == 0) mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + q_bytes);
+      __syncwarp();
+      if (lane == 0 && block == 0) issue_q(barrier);
+      if (lane < boxes) {
+        if (block > 0) fence_async_shared();  // the stage was last written through the generic proxy too (zeroed V rows)
+        // The box's row in the caches seen as one tensor of num_pages x page_size rows.
+        const int row = next_page * p.page_size + ((blk.key_start + block * kBlockK + lane * box_rows) & (p.page_size - 1));
+        const unsigned box = lane * box_rows * 128;
 #pragma unroll
         for (int atom = 0; atom < kHeadDim / 64; ++atom) {
-          tma_load_3d(shared_address(q_tile) + atom * kQAtomBytes + w * 16 * 128, &p.tensor_maps[kPrefillMapQ], barrier, atom * 64,
-                      blk.head + w % kHeadsPerCta, blk.q_begin + blk.q0 + 16 * (w / kHeadsPerCta));
+          tma_load_3d(k_tile + atom * kKAtomBytes + box, &p.tensor_maps[kPrefillMapK], barrier, atom * 64, blk.kv_head, row);
+          tma_load_3d(k_tile + kTileBytes + atom * kKAtomBytes + box, &p.tensor_maps[kPrefillMapV], barrier, atom * 64, blk.kv_head, row);
         }
       }
+      next_page = page_of_block(block + 1);
     } else {
-      fence_async_shared();  // the stage was last written through the generic proxy too (zeroed V rows)
-    }
-    const int first_key = blk.k_begin + blk.key_start + block * kBlockK;
+      if (threadIdx.x != 0) return;
+      mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + q_bytes);
+      if (block == 0) {
+        issue_q(barrier);
+      } else {
+        fence_async_shared();  // the stage was last written through the generic proxy too (zeroed V rows)
+      }
+      const int first_key = blk.k_begin + blk.key_start + block * kBlockK;
 #pragma unroll
-    for (int atom = 0; atom < kHeadDim / 64; ++atom) {
-      tma_load_3d(k_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapK], barrier, atom * 64, blk.kv_head, first_key);
-      tma_load_3d(k_tile + kTileBytes + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapV], barrier, atom * 64, blk.kv_head, first_key);
+      for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+        tma_load_3d(k_tile + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapK], barrier, atom * 64, blk.kv_head, first_key);
+        tma_load_3d(k_tile + kTileBytes + atom * kKAtomBytes, &p.tensor_maps[kPrefillMapV], barrier, atom * 64, blk.kv_head, first_key);
+      }
     }
   };
 #pragma unroll
@@ -117,6 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     __syncthreads();  // every warp is done with the previous block, whose stage thread 0 refills now
     issue(block + kStages - 1);
     mbarrier_wait(full_barriers + 8 * (block % kStages), (block / kStages) & 1);
+    if (!page_boxes) fence_async_shared();  // rows cp.async wrote, before wgmma reads them
     unsigned char* const v_tile = kv_tiles + (block % kStages) * 2 * kTileBytes + kTileBytes;
     const unsigned k_address = shared_address(v_tile - kTileBytes), v_address = k_address + kTileBytes;
     const int key0 = blk.key_start + block * kBlockK;
@@ -165,7 +230,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     float m_nat, l, scale_o;
     finish_prefill_row(p, m_row, l_row, half, head, m_nat, l, scale_o);
     const float inv = row_inverse(l, scale_o);
-    if (p.lse != nullptr && c == 0 && row_lo + 8 * half < blk.len_q) {
+    if (p.lse != nullptr && c == 0 && (!kPaged || row_lo + 8 * half >= 0) && row_lo + 8 * half < blk.len_q) {
       p.lse[(blk.q_begin + row_lo + 8 * half) * p.lse_row_stride + head] = row_lse(m_nat, l);
     }
 #pragma unroll
@@ -179,7 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
 #pragma unroll
   for (unsigned j = 0; j < 16 * kChunks / 32; ++j) {
     const unsigned i = lane + 32 * j, r = i / kChunks, chunk = i % kChunks;
-    if (warp_q0 + static_cast<int>(r) < blk.len_q) {
+    if ((!kPaged || warp_q0 + static_cast<int>(r) >= 0) && warp_q0 + static_cast<int>(r) < blk.len_q) {  // paged: q0 may be < 0
       *reinterpret_cast<uint4*>(out_rows + r * p.out_row_stride + chunk * 8) =
           *reinterpret_cast<const uint4*>(out_tile + swizzle128_tile_offset(r, chunk, kQAtomBytes));
     }

@@ -1,8 +1,8 @@
 // mha_extend_with_kvcache's kernels: the prefill kernels with paged K and V (kPaged: each copied
-// key row finds its page), so extend and prefill share one mainloop. attention.extend.wgmma_ws on
-// Hopper, attention.extend.mma and .mma_window (head packing for causal windows) on every NVIDIA
-// GPU from sm_80, attention.extend.mfma on AMD (compile-verified only), and the reference, the
-// only one that reads an e4m3 cache.
+// key row finds its page), so extend and prefill share one mainloop. attention.extend.wgmma_ws and
+// .wgmma_window on Hopper, attention.extend.mma and .mma_window (head packing for causal windows)
+// on every NVIDIA GPU from sm_80, attention.extend.mfma on AMD (compile-verified only), and the
+// reference, the only one that reads an e4m3 cache.
 #include <fmt/format.h>
 
 #include "attention/params.h"
@@ -24,6 +24,17 @@ KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
   k.input = PrefillInput::kPagedExtend;
   k.stages = 3;         // at head_dim 128 (PrefillWsShape)
   k.key_rows_d128 = 0;  // 128-key blocks, as at head_dim 64
+  return detail::prefill_kernel(k);
+}
+
+// The window kernel over paged caches: 16-key boxes (8 for pages of 8), so blocks start on
+// multiples of 16 keys; smaller pages stay with attention.extend.mma_window.
+KILN_REGISTER_KERNEL(attention_extend_wgmma_window) {
+  detail::PrefillKernel k = detail::wgmma_window_kernel("attention.extend.wgmma_window");
+  k.input = PrefillInput::kPagedExtend;
+  k.page_box_rows = 16;
+  k.min_page_size = 8;
+  k.key_align = 16;
   return detail::prefill_kernel(k);
 }
 

@@ -6,19 +6,7 @@
 namespace kiln {
 
 KILN_REGISTER_KERNEL(attention_prefill_wgmma_window) {
-  return detail::prefill_kernel({.name = "attention.prefill.wgmma_window",
-                                 .source = "attention/prefill_wgmma_window.cuh",
-                                 .entry = "prefill_wgmma_window",
-                                 .priority = Priority::kSpecialized,
-                                 .windows_only = true,
-                                 .warps = 4,
-                                 .packs_heads = true,
-                                 .min_arch = 90,
-                                 .features = {"mma:wgmma", "memory:tma"},
-                                 .key_rows = 48,
-                                 .stages = 2,
-                                 .alignment = 1024,
-                                 .tma = true});
+  return detail::prefill_kernel(detail::wgmma_window_kernel("attention.prefill.wgmma_window"));
 }
 
 }  // namespace kiln

@@ -93,7 +93,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   spec.source = k.source;
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
-  spec.accepts = [windows_only, input](const Signature& sig) -> std::optional<std::string> {
+  const int min_page_size = k.min_page_size;
+  spec.accepts = [windows_only, input, min_page_size](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
     if (input == PrefillInput::kPagedDecode) {
       // One new token per sequence is the split decode kernels' work.
@@ -104,6 +105,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     }
     if (input != PrefillInput::kContiguous) {
       if (auto why = check_paged(sig)) return why;
+      if (min_page_size > 0 && sig.get_int("page_size") < min_page_size) {
+        return fmt::format("page_size {} unsupported (supported: {} and up)", sig.get_int("page_size"), min_page_size);
+      }
     }
     return check_head_dim_64_or_128(sig);
   };
@@ -123,7 +127,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     const int rows = k.warps > 0 ? 16 * k.warps : p.head_dim == 64 ? k.block_rows_d64 : k.block_rows_d128;
     const int positions = rows / heads;
     LaunchShape shape;
-    shape.grid[0] = static_cast<uint32_t>((p.max_rows + positions - 1) / positions);
+    shape.grid[0] = static_cast<uint32_t>((p.max_rows + k.key_align - 1 + positions - 1) / positions);
     shape.grid[1] = static_cast<uint32_t>(p.heads_q / heads);
     shape.grid[2] = static_cast<uint32_t>(p.batch);
     shape.block[0] = static_cast<uint32_t>(2 * rows + (k.producer_warpgroup ? 128 : 0));
@@ -146,9 +150,10 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   if (k.tma) {
     spec.tensor_maps = [k](const void* params, const Platform&) {
       const auto& p = *static_cast<const KilnPrefillParams*>(params);
-      // Paged keys come a page (or a key block of a larger page) per box.
+      // Paged keys come a page (or a part of a larger page) per box.
       const int key_rows = key_rows_of(k, p.head_dim);
-      return prefill_tensor_maps(p, k.q_box_rows, k.input == PrefillInput::kPagedExtend ? std::min(p.page_size, key_rows) : key_rows);
+      const int page_box_rows = std::min(p.page_size, k.page_box_rows > 0 ? k.page_box_rows : key_rows);
+      return prefill_tensor_maps(p, k.q_box_rows, k.input == PrefillInput::kPagedExtend ? page_box_rows : key_rows);
     };
   }
   return spec;
@@ -164,6 +169,22 @@ PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
           .features = {"mma:mma_sync", "memory:cp_async"},
           .key_rows = 64,
           .stages = 2};
+}
+
+PrefillKernel wgmma_window_kernel(const char* name) {
+  return {.name = name,
+          .source = "attention/prefill_wgmma_window.cuh",
+          .entry = "prefill_wgmma_window",
+          .priority = Priority::kSpecialized,
+          .windows_only = true,
+          .warps = 4,
+          .packs_heads = true,
+          .min_arch = 90,
+          .features = {"mma:wgmma", "memory:tma"},
+          .key_rows = 48,
+          .stages = 2,
+          .alignment = 1024,
+          .tma = true};
 }
 
 PrefillKernel wgmma_ws_kernel(const char* name) {

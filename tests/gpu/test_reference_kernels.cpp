@@ -725,6 +725,7 @@ struct ExtendCase {
   bool sinks;
   float softcap;
   bool append = false;  // the new tokens reach the cache through kv_cache_append, not the upload
+  int page_gap = 0;     // rows between pages (poisoned): pages not packed, which TMA cannot copy whole
 };
 
 // A shuffled pool of pages: sequence b's key j lands in row j % page_size of page
@@ -732,9 +733,9 @@ struct ExtendCase {
 struct PagedLayout {
   int max_pages = 1, num_pages = 0;
   std::vector<int> page_table;
-  size_t offset(int b, int key, int hkv, int d, int page_size) const {
+  size_t offset(int b, int key, int hkv, int d, int page_size, int page_gap = 0) const {
     const int page = page_table[static_cast<size_t>(b * max_pages + key / page_size)];
-    return (static_cast<size_t>(page) * page_size + key % page_size) * hkv * d;
+    return (static_cast<size_t>(page) * (page_size + page_gap) + key % page_size) * hkv * d;
   }
 };
 
@@ -788,7 +789,7 @@ void run_extend(std::mt19937& rng, const ExtendCase& c) {
 
   // The caches, poisoned (0xFF is NaN in every cache type) where no key lands.
   const PagedLayout pages = shuffled_pages(rng, c.lens_k, c.page_size);
-  const size_t elem = c.fp8 ? 1 : 2, cache_bytes = static_cast<size_t>(pages.num_pages) * c.page_size * row * elem;
+  const size_t elem = c.fp8 ? 1 : 2, cache_bytes = static_cast<size_t>(pages.num_pages) * (c.page_size + c.page_gap) * row * elem;
   std::vector<uint8_t> k_cache(cache_bytes, 0xFF), v_cache(cache_bytes, 0xFF);
   // The new tokens' rows, for kv_cache_append: 16-bit values (e4m3 values times the scale, exact).
   std::vector<uint16_t> new_k, new_v;
@@ -796,7 +797,7 @@ void run_extend(std::mt19937& rng, const ExtendCase& c) {
   for (int b = 0; b < batch; ++b) {
     const int prefix = c.lens_k[b] - c.lens_q[b];
     for (int j = 0; j < c.lens_k[b]; ++j) {
-      const size_t src = (static_cast<size_t>(p.cu_k[b]) + j) * row, dst = pages.offset(b, j, c.hkv, c.d, c.page_size);
+      const size_t src = (static_cast<size_t>(p.cu_k[b]) + j) * row, dst = pages.offset(b, j, c.hkv, c.d, c.page_size, c.page_gap);
       if (c.append && j >= prefix) {
         for (size_t i = 0; i < row; ++i) {
           auto half = [&](double v) {
@@ -842,6 +843,7 @@ void run_extend(std::mt19937& rng, const ExtendCase& c) {
   a.q = view(q, c.dtype, {total_q, c.hq, c.d});
   a.k_cache = view(kc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
   a.v_cache = view(vc, cache_type, {num_pages, c.page_size, c.hkv, c.d});
+  a.k_cache.strides[0] = a.v_cache.strides[0] = static_cast<int64_t>(c.page_size + c.page_gap) * c.hkv * c.d;
   a.page_table = view(pt, DType::kI32, {batch, pages.max_pages});
   a.cache_seqlens = view(lens, DType::kI32, {batch});
   a.cu_seqlens_q = view(cu_q, DType::kI32, {batch + 1});
@@ -856,8 +858,8 @@ void run_extend(std::mt19937& rng, const ExtendCase& c) {
   a.v_scale = v_scale;
   mha_extend_with_kvcache(a, nullptr);
   synchronize();
-  const std::string what = "extend d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) + " fp8=" + std::to_string(c.fp8) +
-                           " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) +
+  const std::string what = "extend d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) + "+" + std::to_string(c.page_gap) +
+                           " fp8=" + std::to_string(c.fp8) + " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) +
                            " append=" + std::to_string(c.append);
   const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
   EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
@@ -904,6 +906,29 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                      .softcap = 0,
                      .append = window < 0});
   }
+  // Causal windows on pages of 8 to 256: prefixes that are not multiples of 16 (the window kernel
+  // moves its blocks back to start keys on them), windows of whole and odd sizes, packed heads of
+  // 4 and of 1, an empty and a one-token sequence, and pages with gaps between them.
+  int j = 0;
+  for (int page : {8, 16, 256}) {
+    for (int window : {128, 37}) {
+      ++j;
+      cases.push_back({.dtype = j % 2 == 1 ? DType::kBF16 : DType::kF16,
+                       .fp8 = false,
+                       .d = j % 3 == 0 ? 128 : 64,
+                       .hq = j % 3 == 2 ? 4 : 16,
+                       .hkv = j % 3 == 2 ? 4 : 2,
+                       .page_size = page,
+                       .lens_q = {0, 1, 130, 77, 300},
+                       .lens_k = {9, 1 + 5, 130 + 23, 77 + 1000, 300 + 4100},
+                       .causal = true,
+                       .window = window,
+                       .sinks = j % 2 == 1,
+                       .softcap = j == 3 ? 30.0f : 0.0f,
+                       .append = j % 2 == 0,
+                       .page_gap = j == 1 || j == 5 ? 3 : 0});
+    }
+  }
   for (bool append : {false, true}) {
     cases.push_back({.dtype = DType::kBF16,
                      .fp8 = true,
@@ -920,8 +945,8 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                      .append = append});
   }
   const OperatorId extend{kFamilyAttention, kModeExtend};
-  for (const char* kernel :
-       {"attention.extend.wgmma_ws", "attention.extend.mma", "attention.extend.mma_window", "attention.extend.reference"}) {
+  for (const char* kernel : {"attention.extend.wgmma_ws", "attention.extend.wgmma_window", "attention.extend.mma",
+                             "attention.extend.mma_window", "attention.extend.reference"}) {
     Registry::global().set_override(extend, kernel);
     int ran = 0;
     for (const auto& c : cases) {
