@@ -315,6 +315,143 @@ class DecodeProblem : public Problem {
   std::vector<Set> sets_;
 };
 
+// ---- mha_extend_with_kvcache -------------------------------------------------------------------
+// `seqlen` new tokens per sequence after a `prefix` already cached, all of them in shuffled pages
+// (the new tokens' rows too, as the operator expects); the reference is the same attention over
+// contiguous keys, bottom-right aligned.
+class ExtendProblem : public Problem {
+ public:
+  ExtendProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
+    batch_ = s.integer("batch", 1);
+    prefix_ = s.integer("prefix", 1024);
+    new_ = s.integer("seqlen", 512);
+    hq_ = s.integer("heads_q", 32);
+    hkv_ = s.integer("heads_kv", 8);
+    d_ = s.integer("head_dim", 128);
+    page_ = s.integer("page_size", 16);
+    dtype_ = half_type(s.text("dtype", "bf16"), "dtype");
+    fp8_ = s.text("kv_dtype", dtype_name(dtype_)) == "e4m3";
+    causal_ = s.flag("causal", true);
+    window_ = s.integer("window", -1);
+    sinks_ = s.flag("sinks", false);
+    softcap_ = static_cast<double>(s.integer("softcap", 0));
+    if (batch_ < 1 || prefix_ < 0 || new_ < 1 || hq_ < 1 || hkv_ < 1 || d_ < 8 || page_ < 1) {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: need batch, seqlen, heads, head_dim and page_size >= 1, prefix >= 0");
+    }
+    max_pages_ = (prefix_ + new_ + page_ - 1) / page_;
+  }
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void run(int i) override { mha_extend_with_kvcache(sets_[static_cast<size_t>(i)].args, nullptr); }
+  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
+  std::vector<double> output(int i) const override {
+    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
+  }
+  std::vector<double> cpu_reference() const override { return reference::prefill_reference(host_).out; }
+  double cpu_cost() const override { return work().flops / 2; }
+  Work work() const override {
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < new_; ++i) pairs += visible(prefix_ + i, prefix_ + new_, causal_, window_);
+    // The keys some row sees, read once per KV head.
+    const int64_t read = std::min(prefix_ + new_, window_ >= 0 ? window_ + new_ : prefix_ + new_);
+    return {4.0 * static_cast<double>(d_ * hq_ * batch_ * pairs),
+            4.0 * static_cast<double>(q_elems()) + (fp8_ ? 2.0 : 4.0) * static_cast<double>(batch_ * read * hkv_ * d_)};
+  }
+  Signature signature() const override { return signature_of(sets_[0].args); }
+  size_t bytes_per_set() const override {
+    return static_cast<size_t>(2 * batch_ * max_pages_ * page_ * hkv_ * d_ * (fp8_ ? 1 : 2)) + q_elems() * 4;
+  }
+  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
+
+ private:
+  size_t q_elems() const { return static_cast<size_t>(batch_ * new_ * hq_ * d_); }
+  struct Set {
+    DeviceBuffer q, k, v, pages, lens, cu_q, out, sinks;
+    MhaExtendArgs args;
+  };
+  void add_set() {
+    std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 15485863));
+    const int64_t len_k = prefix_ + new_, num_pages = batch_ * max_pages_;
+    const size_t row = static_cast<size_t>(hkv_ * d_), kv_elems = static_cast<size_t>(batch_ * len_k) * row;
+    reference::PrefillProblem h;
+    const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
+    const float scale = 0.5f;  // e4m3 cache: dequantized = stored x scale, exact in doubles
+    std::vector<uint16_t> k16, v16;
+    std::vector<uint8_t> k8, v8;
+    if (fp8_) {
+      k8 = random_e4m3(rng, kv_elems, scale, h.k);
+      v8 = random_e4m3(rng, kv_elems, scale, h.v);
+    } else {
+      k16 = random_half(rng, kv_elems, dtype_, 1.0f, h.k);
+      v16 = random_half(rng, kv_elems, dtype_, 1.0f, h.v);
+    }
+    std::vector<int> page_table(static_cast<size_t>(num_pages));
+    std::iota(page_table.begin(), page_table.end(), 0);
+    std::shuffle(page_table.begin(), page_table.end(), rng);  // pages scattered in memory
+    // Key j of sequence b at row j % page of page page_table[b][j / page]; rows no key fills stay 0xFF.
+    const size_t elem = fp8_ ? 1 : 2;
+    std::vector<uint8_t> k_cache(static_cast<size_t>(num_pages * page_) * row * elem, 0xFF), v_cache(k_cache.size(), 0xFF);
+    const uint8_t* k_src = fp8_ ? k8.data() : reinterpret_cast<const uint8_t*>(k16.data());
+    const uint8_t* v_src = fp8_ ? v8.data() : reinterpret_cast<const uint8_t*>(v16.data());
+    for (int64_t b = 0; b < batch_; ++b) {
+      for (int64_t j = 0; j < len_k; ++j) {
+        const int64_t page = page_table[static_cast<size_t>(b * max_pages_ + j / page_)];
+        const size_t src = static_cast<size_t>(b * len_k + j) * row * elem,
+                     dst = static_cast<size_t>(page * page_ + j % page_) * row * elem;
+        std::memcpy(&k_cache[dst], k_src + src, row * elem);
+        std::memcpy(&v_cache[dst], v_src + src, row * elem);
+      }
+    }
+    h.cu_q.push_back(0);
+    h.cu_k.push_back(0);
+    for (int64_t b = 0; b < batch_; ++b) {
+      h.cu_q.push_back(h.cu_q.back() + static_cast<int>(new_));
+      h.cu_k.push_back(h.cu_k.back() + static_cast<int>(len_k));
+    }
+    std::vector<float> sinks(static_cast<size_t>(hq_));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (auto& x : sinks) x = u(rng);
+    h.hq = static_cast<int>(hq_);
+    h.hkv = static_cast<int>(hkv_);
+    h.d = static_cast<int>(d_);
+    h.causal = causal_;
+    h.window_left = static_cast<int>(window_);
+    if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
+    h.softcap = softcap_;
+    h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    const std::vector<int> lens(static_cast<size_t>(batch_), static_cast<int>(len_k));
+    Set s{DeviceBuffer::from(q),          DeviceBuffer::from(k_cache), DeviceBuffer::from(v_cache),
+          DeviceBuffer::from(page_table), DeviceBuffer::from(lens),    DeviceBuffer::from(h.cu_q),
+          DeviceBuffer(q.size() * 2),     DeviceBuffer::from(sinks),   {}};
+    auto& a = s.args;
+    const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
+    a.q = view(s.q, dtype_, {batch_ * new_, hq_, d_});
+    a.k_cache = view(s.k, cache, {num_pages, page_, hkv_, d_});
+    a.v_cache = view(s.v, cache, {num_pages, page_, hkv_, d_});
+    a.page_table = view(s.pages, DType::kI32, {batch_, max_pages_});
+    a.cache_seqlens = view(s.lens, DType::kI32, {batch_});
+    a.cu_seqlens_q = view(s.cu_q, DType::kI32, {batch_ + 1});
+    a.max_seqlen_q = static_cast<int32_t>(new_);
+    a.out = view(s.out, dtype_, {batch_ * new_, hq_, d_});
+    if (sinks_) a.sinks = view(s.sinks, DType::kF32, {hq_});
+    a.causal = causal_;
+    a.window_left = static_cast<int32_t>(window_);
+    a.softcap = static_cast<float>(softcap_);
+    a.k_scale = a.v_scale = fp8_ ? scale : 1.0f;
+    if (sets_.empty()) host_ = std::move(h);
+    sets_.push_back(std::move(s));
+  }
+  uint64_t seed_;
+  int64_t batch_, prefix_, new_, hq_, hkv_, d_, page_, window_, max_pages_;
+  DType dtype_;
+  bool fp8_, causal_, sinks_;
+  double softcap_;
+  reference::PrefillProblem host_;
+  std::vector<Set> sets_;
+};
+
 // ---- moe_apply -------------------------------------------------------------------------------
 class MoeProblem : public Problem {
  public:
@@ -556,6 +693,18 @@ class MoeProblem : public Problem {
 
 }  // namespace
 
+bool has_problem(const std::string& op) {
+  return op == "mha_prefill" || op == "mha_decode_with_kvcache" || op == "mha_extend_with_kvcache" || op == "moe_apply";
+}
+
+void require_problem(const std::string& op) {
+  if (has_problem(op)) return;
+  operator_from_name(op);  // throws for an unknown name, listing the operators
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("kiln check and bench have no problem for {} (they cover mha_prefill, "
+                                                       "mha_decode_with_kvcache, mha_extend_with_kvcache and moe_apply)",
+                                                       op));
+}
+
 std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
   const auto& f = sig.fields();
   auto get = [&](const char* k) { return f.at(k); };
@@ -572,6 +721,14 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
         batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("q_len"),
         get("window") == "1" ? 100 : -1, get("sinks"));
   }
+  if (op == "mha_extend_with_kvcache") {
+    return fmt::format(
+        "batch={},prefix=300,seqlen=200,heads_kv=2,heads_q={},head_dim={},dtype={},kv_dtype={},page_size={},causal={},window={},sinks={},"
+        "softcap={}",
+        batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("causal"),
+        get("window") == "1" ? 100 : -1, get("sinks"), get("softcap") == "1" ? 30 : 0);
+  }
+  require_problem(op);  // moe_apply from here on
   std::string shape = fmt::format("tokens={},hidden={},inter={},experts={},top_k={},weights={},routing={},activation={},layout={},bias={}",
                                   batch_or_tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"),
                                   get("routing"), get("activation"), get("layout"), get("w13_bias"));
@@ -587,10 +744,12 @@ std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, u
     p = std::make_unique<PrefillProblem>(shape, seed);
   } else if (op == "mha_decode_with_kvcache") {
     p = std::make_unique<DecodeProblem>(shape, seed);
+  } else if (op == "mha_extend_with_kvcache") {
+    p = std::make_unique<ExtendProblem>(shape, seed);
   } else if (op == "moe_apply") {
     p = std::make_unique<MoeProblem>(shape, seed);
   } else {
-    operator_from_name(op);  // throws, listing the operators
+    require_problem(op);  // throws: no such operator, or no problem for it
   }
   shape.check_all_used(op);
   if (allocate) p->ensure_sets(1);
