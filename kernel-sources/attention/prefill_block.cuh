@@ -18,8 +18,8 @@ struct PrefillQueryBlock {
   int key_start, key_end;  // keys any row of the block can see: [key_start, key_end)
 };
 
-// The rest of a block once its sequence, heads and first row are set: where the sequence's rows
-// and keys are, and the keys its rows can see. `key_align` > 1 (a power of two dividing
+// The rest of a block once its sequence, first head and first row are set: its KV head, where the
+// sequence's rows and keys are, and the keys its rows can see. `key_align` > 1 (a power of two dividing
 // block_rows): the block moves back by up to key_align - 1 rows so that its first row's key
 // position q0 + shift is a multiple of it, and key_start rounds down to one, so that key blocks
 // start on whole page boxes; the first block of a sequence then holds rows before its first (q0
@@ -27,6 +27,7 @@ struct PrefillQueryBlock {
 __device__ __forceinline__ void prefill_block_extent(const KilnPrefillParams& p, int block_rows, PrefillQueryBlock& blk,
                                                      int key_align = 1) {
   const int b = blk.batch;
+  blk.kv_head = blk.head * p.num_heads_kv / p.num_heads_q;  // Hq is a multiple of Hkv
   if (p.q_len > 0) {
     blk.q_begin = b * p.q_len;
     blk.len_q = p.q_len;
@@ -72,7 +73,6 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block(const KilnPrefi
   const int heads = min(group, static_cast<int>(gridDim.y) - first), within = linear - first * gridDim.x;
   const int from_last = within / heads;
   blk.head = (first + within % heads) * heads_per_block;
-  blk.kv_head = blk.head / (p.num_heads_q / p.num_heads_kv);
   blk.q0 = (gridDim.x - 1 - from_last) * block_rows;
   prefill_block_extent(p, block_rows, blk);
   return blk;
@@ -87,7 +87,6 @@ __device__ __forceinline__ PrefillQueryBlock prefill_query_block_in_order(const 
   PrefillQueryBlock blk;
   blk.batch = blockIdx.z;
   blk.head = blockIdx.y * heads_per_block;
-  blk.kv_head = blk.head * p.num_heads_kv / p.num_heads_q;
   blk.q0 = blockIdx.x * block_rows;
   prefill_block_extent(p, block_rows, blk, key_align);
   return blk;
