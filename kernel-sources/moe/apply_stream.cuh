@@ -217,7 +217,7 @@ __device__ __forceinline__ MoeStepActivations<kFormat> load_step_activations(con
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.b[4 * q + i] = v.w[i];
   }
-  if constexpr (kActMxfp8) quantize_mxfp8_block(a.b);
+  if constexpr (kActMxfp8 && !kUp) quantize_mxfp8_block(a.b);  // up's x was quantized as it was copied
   return a;
 }
 
@@ -541,14 +541,36 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kWarps * kMoeRingStages * kMoeRingStageBytes);
   if (kFormat != kWeightsBf16 && !tensor_cores) {  // this CTA's copy (local) or the workspace's, by the whole grid
     bf16* x_ordered = local ? x_local : x_reordered;
-    const int per_row = p.hidden / 8;
+    // A thread copies 8 values, or with W4A8 a block of 32, quantized here once rather than by every
+    // tile that reads it (load_step_activations quantizes act, which up writes in pieces).
+    constexpr int kCopyValues = kActMxfp8 ? 32 : 8;
+    const int per_row = p.hidden / kCopyValues;
     // Local: the last warps copy first, so that the routing warps (the first) have the least to
     // copy after routing (on an H200, GPT-OSS MXFP4 at T = 1 0.0447 ms against 0.0451).
     for (long long i = local ? blockDim.x - 1 - threadIdx.x : thread; i < static_cast<long long>(p.num_tokens) * per_row;
          i += local ? blockDim.x : threads) {
       const long long t = i / per_row, c = i % per_row;
-      *reinterpret_cast<Bf16x8*>(x_ordered + t * p.hidden + 8 * c) =
-          mxfp4_k_order(load16(static_cast<const bf16*>(p.x) + t * p.x_row_stride + 8 * c));
+      const bf16* from = static_cast<const bf16*>(p.x) + t * p.x_row_stride + kCopyValues * c;
+      bf16* into = x_ordered + t * p.hidden + kCopyValues * c;
+      if constexpr (kActMxfp8) {
+        u32 block[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const Bf16x8 v = mxfp4_k_order(load16(from + 8 * q));
+#pragma unroll
+          for (int w = 0; w < 4; ++w) block[4 * q + w] = v.w[w];
+        }
+        quantize_mxfp8_block(block);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          Bf16x8 v;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) v.w[w] = block[4 * q + w];
+          *reinterpret_cast<Bf16x8*>(into + 8 * q) = v;
+        }
+      } else {
+        *reinterpret_cast<Bf16x8*>(into) = mxfp4_k_order(load16(from));
+      }
     }
   }
   if (local)
