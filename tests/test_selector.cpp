@@ -381,6 +381,16 @@ TEST(Selector, MoeMfmaOnAmdUpTo256Experts) {
   EXPECT_EQ(spec->workspace_zeroed_bytes(&p, mi300x), size_t{256 + 2 * 512});
 }
 
+// Prefill parameters whose q, k and v point at stand-ins for device addresses (only compared).
+KilnPrefillParams prefill_params_at_stand_in_addresses() {
+  const uintptr_t device = 0x7f0000000000;
+  KilnPrefillParams p{};
+  p.q = reinterpret_cast<const void*>(device);
+  p.k = reinterpret_cast<const void*>(device + 0x100000);
+  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  return p;
+}
+
 // The grouped-GEMM phases read their operands through TMA tensor maps that kiln encodes at launch:
 // x_grouped (after bf16 y in y's region) and act in grouped order, the weights per expert. Weights
 // or x that a TMA copy or 16-byte load cannot take leave the call on the streaming phases.
@@ -389,11 +399,7 @@ TEST(Selector, MoeMfmaOnAmdUpTo256Experts) {
 TEST(Selector, PrefillWindowTensorMaps) {
   const auto spec = Registry::global().find("attention.prefill.wgmma_window");
   ASSERT_TRUE(spec && spec->tensor_maps);
-  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
-  KilnPrefillParams p{};
-  p.q = reinterpret_cast<const void*>(device);
-  p.k = reinterpret_cast<const void*>(device + 0x100000);
-  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  KilnPrefillParams p = prefill_params_at_stand_in_addresses();
   p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.total_q = 700, p.total_k = 900;
   p.q_row_stride = 64 * 64, p.q_head_stride = 64;
   p.k_row_stride = 3 * 8 * 64, p.k_head_stride = 64;  // k and v as views of a packed kv tensor
@@ -427,11 +433,7 @@ TEST(Selector, PrefillWarpSpecializedKeyBlocks) {
   const auto extend = Registry::global().find("attention.extend.wgmma_ws");
   ASSERT_TRUE(prefill && extend);
   const Platform sm90a = platform_for_target("sm_90a");
-  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
-  KilnPrefillParams p{};
-  p.q = reinterpret_cast<const void*>(device);
-  p.k = reinterpret_cast<const void*>(device + 0x100000);
-  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  KilnPrefillParams p = prefill_params_at_stand_in_addresses();
   p.batch = 1, p.max_seqlen_q = 4096, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128, p.total_q = 4096, p.total_k = 4096;
   p.q_row_stride = 32 * 128, p.q_head_stride = 128;
   p.k_row_stride = p.v_row_stride = 8 * 128, p.k_head_stride = p.v_head_stride = 128;
@@ -470,11 +472,7 @@ TEST(Selector, ExtendWindowsOnWholePageBoxes) {
 
   const auto spec = Registry::global().find("attention.extend.wgmma_window");
   ASSERT_TRUE(spec && spec->tensor_maps);
-  const uintptr_t device = 0x7f0000000000;  // stands in for device addresses: only compared
-  KilnPrefillParams p{};
-  p.q = reinterpret_cast<const void*>(device);
-  p.k = reinterpret_cast<const void*>(device + 0x100000);
-  p.v = reinterpret_cast<const void*>(device + 0x200000);
+  KilnPrefillParams p = prefill_params_at_stand_in_addresses();
   p.batch = 2, p.max_seqlen_q = 100, p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.total_q = 150, p.total_k = 40 * 64;
   p.q_row_stride = 64 * 64, p.q_head_stride = 64;
   p.k_row_stride = p.v_row_stride = 8 * 64, p.k_head_stride = p.v_head_stride = 64;

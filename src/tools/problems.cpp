@@ -100,6 +100,31 @@ int64_t visible(int64_t position, int64_t keys, bool causal, int64_t window) {
   return std::max<int64_t>(0, hi - lo);
 }
 
+// The float64 reference's view of an attention problem whose `batch` sequences each hold len_q
+// queries after len_k keys (bottom-right aligned), q, k and v already in `h`; returns the sinks,
+// drawn from `rng` whether used or not, that the device call gets too.
+std::vector<float> describe_attention(reference::PrefillProblem& h, std::mt19937& rng, int64_t batch, int64_t len_q, int64_t len_k,
+                                      int64_t hq, int64_t hkv, int64_t d, bool causal, int64_t window, bool sinks, double softcap) {
+  h.cu_q.push_back(0);
+  h.cu_k.push_back(0);
+  for (int64_t b = 0; b < batch; ++b) {
+    h.cu_q.push_back(h.cu_q.back() + static_cast<int>(len_q));
+    h.cu_k.push_back(h.cu_k.back() + static_cast<int>(len_k));
+  }
+  std::vector<float> drawn(static_cast<size_t>(hq));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (auto& x : drawn) x = u(rng);
+  h.hq = static_cast<int>(hq);
+  h.hkv = static_cast<int>(hkv);
+  h.d = static_cast<int>(d);
+  h.causal = causal;
+  h.window_left = static_cast<int>(window);
+  if (sinks) h.sinks.assign(drawn.begin(), drawn.end());
+  h.softcap = softcap;
+  h.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  return drawn;
+}
+
 // ---- mha_prefill -----------------------------------------------------------------------------
 class PrefillProblem : public Problem {
  public:
@@ -154,23 +179,8 @@ class PrefillProblem : public Problem {
     const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
     const auto k = random_half(rng, kv_elems, dtype_, 1.0f, h.k);
     const auto v = random_half(rng, kv_elems, dtype_, 1.0f, h.v);
-    h.cu_q.push_back(0);
-    h.cu_k.push_back(0);
-    for (int64_t b = 0; b < batch_; ++b) {
-      h.cu_q.push_back(h.cu_q.back() + static_cast<int>(seqlen_q_));
-      h.cu_k.push_back(h.cu_k.back() + static_cast<int>(seqlen_k_));
-    }
-    std::vector<float> sinks(static_cast<size_t>(hq_));
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (auto& x : sinks) x = u(rng);
-    h.hq = static_cast<int>(hq_);
-    h.hkv = static_cast<int>(hkv_);
-    h.d = static_cast<int>(d_);
-    h.causal = causal_;
-    h.window_left = static_cast<int>(window_);
-    if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
-    h.softcap = softcap_;
-    h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    const std::vector<float> sinks =
+        describe_attention(h, rng, batch_, seqlen_q_, seqlen_k_, hq_, hkv_, d_, causal_, window_, sinks_, softcap_);
     Set s{DeviceBuffer::from(q),      DeviceBuffer::from(k),      DeviceBuffer::from(v),     DeviceBuffer(q.size() * 2),
           DeviceBuffer::from(h.cu_q), DeviceBuffer::from(h.cu_k), DeviceBuffer::from(sinks), {}};
     auto& a = s.args;
@@ -404,23 +414,7 @@ class ExtendProblem : public Problem {
         std::memcpy(&v_cache[dst], v_src + src, row * elem);
       }
     }
-    h.cu_q.push_back(0);
-    h.cu_k.push_back(0);
-    for (int64_t b = 0; b < batch_; ++b) {
-      h.cu_q.push_back(h.cu_q.back() + static_cast<int>(new_));
-      h.cu_k.push_back(h.cu_k.back() + static_cast<int>(len_k));
-    }
-    std::vector<float> sinks(static_cast<size_t>(hq_));
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (auto& x : sinks) x = u(rng);
-    h.hq = static_cast<int>(hq_);
-    h.hkv = static_cast<int>(hkv_);
-    h.d = static_cast<int>(d_);
-    h.causal = causal_;
-    h.window_left = static_cast<int>(window_);
-    if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
-    h.softcap = softcap_;
-    h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    const std::vector<float> sinks = describe_attention(h, rng, batch_, new_, len_k, hq_, hkv_, d_, causal_, window_, sinks_, softcap_);
     const std::vector<int> lens(static_cast<size_t>(batch_), static_cast<int>(len_k));
     Set s{DeviceBuffer::from(q),          DeviceBuffer::from(k_cache), DeviceBuffer::from(v_cache),
           DeviceBuffer::from(page_table), DeviceBuffer::from(lens),    DeviceBuffer::from(h.cu_q),
