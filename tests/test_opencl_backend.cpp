@@ -108,6 +108,9 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       {"mha_decode_with_kvcache", "batch=3,context=200,heads_q=8,heads_kv=2,head_dim=128,page_size=16"},
       {"mha_decode_with_kvcache", "batch=2,context=77,heads_q=4,heads_kv=1,head_dim=64,page_size=16,q_len=3,window=20,sinks=1,dtype=f16"},
       {"mha_decode_with_kvcache", "batch=3,context=150,heads_q=8,heads_kv=1,head_dim=64,page_size=16,kv_dtype=e4m3,sinks=1,window=40"},
+      {"mha_extend_with_kvcache", "batch=2,prefix=40,seqlen=30,heads_q=8,heads_kv=2,head_dim=64,page_size=16,window=20,sinks=1"},
+      {"mha_extend_with_kvcache",
+       "batch=1,prefix=33,seqlen=17,heads_q=4,heads_kv=2,head_dim=128,page_size=8,kv_dtype=e4m3,dtype=f16,softcap=30"},
       {"moe_apply", "tokens=5,hidden=128,inter=96,experts=8,top_k=2"},
       {"moe_apply",
        "tokens=7,hidden=256,inter=128,experts=16,top_k=4,routing=softmax_topk,activation=swiglu_clamped,layout=interleaved,bias=bf16"},
@@ -133,6 +136,10 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
     }
     if (op == "moe_apply") {  // W4A8 (act=e4m3) on its own entry
       EXPECT_EQ(j["kernel"], shape.find("act=e4m3") != std::string::npos ? "opencl.moe.apply.w4a8" : "opencl.moe.apply") << out;
+    }
+    if (op == "mha_extend_with_kvcache") {  // the paged cache through the tiled kernel
+      EXPECT_EQ(j["kernel"], "opencl.attention.extend.tiled") << out;
+      EXPECT_EQ(j["reference"], "opencl.attention.extend") << out;
     }
     if (op == "mha_decode_with_kvcache") {
       // The split kernel (a workspace for its partial states) against the one-row reference.

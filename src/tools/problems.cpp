@@ -125,8 +125,36 @@ std::vector<float> describe_attention(reference::PrefillProblem& h, std::mt19937
   return drawn;
 }
 
+// What the attention problems share: input sets added on demand, each with a 16-bit `out` of q's
+// shape, poisoned and read back alike.
+template <typename Set>
+class AttentionProblem : public Problem {
+ public:
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
+  std::vector<double> output(int i) const override {
+    return decode_half(sets_[static_cast<size_t>(i)].out.template to_host<uint16_t>(q_elems()), dtype_);
+  }
+  double cpu_cost() const override { return work().flops / 2; }
+  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
+
+ protected:
+  virtual void add_set() = 0;
+  virtual size_t q_elems() const = 0;
+  DType dtype_ = DType::kBF16;
+  std::vector<Set> sets_;
+};
+
 // ---- mha_prefill -----------------------------------------------------------------------------
-class PrefillProblem : public Problem {
+struct PrefillSet {
+  DeviceBuffer q, k, v, out, cu_q, cu_k, sinks;
+  MhaPrefillArgs args;
+};
+
+class PrefillProblem : public AttentionProblem<PrefillSet> {
  public:
   PrefillProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
     batch_ = s.integer("batch", 1);
@@ -144,17 +172,8 @@ class PrefillProblem : public Problem {
       throw Error(ErrorCode::kInvalidArgument, "--shape: batch, seqlen, heads and head_dim must be positive");
     }
   }
-  void ensure_sets(int count) override {
-    while (static_cast<int>(sets_.size()) < count) add_set();
-  }
-  int sets() const override { return static_cast<int>(sets_.size()); }
   void run(int i) override { mha_prefill(sets_[static_cast<size_t>(i)].args, nullptr); }
-  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
-  std::vector<double> output(int i) const override {
-    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
-  }
   std::vector<double> cpu_reference() const override { return reference::prefill_reference(host_).out; }
-  double cpu_cost() const override { return work().flops / 2; }
   Work work() const override {
     int64_t pairs = 0;
     for (int64_t i = 0; i < seqlen_q_; ++i) pairs += visible(i + seqlen_k_ - seqlen_q_, seqlen_k_, causal_, window_);
@@ -164,15 +183,10 @@ class PrefillProblem : public Problem {
   }
   Signature signature() const override { return signature_of(sets_[0].args); }
   size_t bytes_per_set() const override { return static_cast<size_t>(work().bytes); }
-  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
 
  private:
-  size_t q_elems() const { return static_cast<size_t>(batch_ * seqlen_q_ * hq_ * d_); }
-  struct Set {
-    DeviceBuffer q, k, v, out, cu_q, cu_k, sinks;
-    MhaPrefillArgs args;
-  };
-  void add_set() {
+  size_t q_elems() const override { return static_cast<size_t>(batch_ * seqlen_q_ * hq_ * d_); }
+  void add_set() override {
     std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 7919));
     const size_t kv_elems = static_cast<size_t>(batch_ * seqlen_k_ * hkv_ * d_);
     reference::PrefillProblem h;
@@ -181,8 +195,8 @@ class PrefillProblem : public Problem {
     const auto v = random_half(rng, kv_elems, dtype_, 1.0f, h.v);
     const std::vector<float> sinks =
         describe_attention(h, rng, batch_, seqlen_q_, seqlen_k_, hq_, hkv_, d_, causal_, window_, sinks_, softcap_);
-    Set s{DeviceBuffer::from(q),      DeviceBuffer::from(k),      DeviceBuffer::from(v),     DeviceBuffer(q.size() * 2),
-          DeviceBuffer::from(h.cu_q), DeviceBuffer::from(h.cu_k), DeviceBuffer::from(sinks), {}};
+    PrefillSet s{DeviceBuffer::from(q),      DeviceBuffer::from(k),      DeviceBuffer::from(v),     DeviceBuffer(q.size() * 2),
+                 DeviceBuffer::from(h.cu_q), DeviceBuffer::from(h.cu_k), DeviceBuffer::from(sinks), {}};
     auto& a = s.args;
     const int64_t total_q = batch_ * seqlen_q_, total_k = batch_ * seqlen_k_;
     a.q = view(s.q, dtype_, {total_q, hq_, d_});
@@ -202,15 +216,18 @@ class PrefillProblem : public Problem {
   }
   uint64_t seed_;
   int64_t batch_, seqlen_q_, seqlen_k_, hq_, hkv_, d_, window_;
-  DType dtype_;
   bool causal_, sinks_;
   double softcap_;
   reference::PrefillProblem host_;
-  std::vector<Set> sets_;
 };
 
 // ---- mha_decode_with_kvcache -----------------------------------------------------------------
-class DecodeProblem : public Problem {
+struct DecodeSet {
+  DeviceBuffer q, k, v, pages, lens, out, sinks;
+  MhaDecodeArgs args;
+};
+
+class DecodeProblem : public AttentionProblem<DecodeSet> {
  public:
   DecodeProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
     batch_ = s.integer("batch", 8);
@@ -229,17 +246,8 @@ class DecodeProblem : public Problem {
     }
     max_pages_ = (context_ + page_ - 1) / page_;
   }
-  void ensure_sets(int count) override {
-    while (static_cast<int>(sets_.size()) < count) add_set();
-  }
-  int sets() const override { return static_cast<int>(sets_.size()); }
   void run(int i) override { mha_decode_with_kvcache(sets_[static_cast<size_t>(i)].args, nullptr); }
-  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
-  std::vector<double> output(int i) const override {
-    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
-  }
   std::vector<double> cpu_reference() const override { return reference::decode_reference(host_).out; }
-  double cpu_cost() const override { return work().flops / 2; }
   Work work() const override {
     int64_t keys = 0;
     for (int64_t t = 0; t < q_len_; ++t) keys += visible(context_ - q_len_ + t, context_, true, window_);
@@ -254,16 +262,11 @@ class DecodeProblem : public Problem {
   size_t bytes_per_set() const override {
     return static_cast<size_t>(2 * pages_per_set() * page_ * hkv_ * d_ * (fp8_ ? 1 : 2)) + q_elems() * 4;
   }
-  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
 
  private:
-  size_t q_elems() const { return static_cast<size_t>(batch_ * q_len_ * hq_ * d_); }
+  size_t q_elems() const override { return static_cast<size_t>(batch_ * q_len_ * hq_ * d_); }
   int64_t pages_per_set() const { return batch_ * max_pages_; }
-  struct Set {
-    DeviceBuffer q, k, v, pages, lens, out, sinks;
-    MhaDecodeArgs args;
-  };
-  void add_set() {
+  void add_set() override {
     std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 104729));
     reference::DecodeProblem h;
     h.batch = static_cast<int>(batch_);
@@ -294,14 +297,14 @@ class DecodeProblem : public Problem {
     }
     std::vector<float> sinks(static_cast<size_t>(hq_), 0.5f);
     if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
-    Set s{DeviceBuffer::from(q),
-          fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16),
-          fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
-          DeviceBuffer::from(h.page_table),
-          DeviceBuffer::from(h.seqlens),
-          DeviceBuffer(q.size() * 2),
-          DeviceBuffer::from(sinks),
-          {}};
+    DecodeSet s{DeviceBuffer::from(q),
+                fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16),
+                fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
+                DeviceBuffer::from(h.page_table),
+                DeviceBuffer::from(h.seqlens),
+                DeviceBuffer(q.size() * 2),
+                DeviceBuffer::from(sinks),
+                {}};
     auto& a = s.args;
     const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
     a.q = view(s.q, dtype_, {batch_ * q_len_, hq_, d_});
@@ -319,17 +322,20 @@ class DecodeProblem : public Problem {
   }
   uint64_t seed_;
   int64_t batch_, context_, q_len_, hq_, hkv_, d_, page_, window_, max_pages_;
-  DType dtype_;
   bool fp8_, sinks_;
   reference::DecodeProblem host_;
-  std::vector<Set> sets_;
 };
 
 // ---- mha_extend_with_kvcache -------------------------------------------------------------------
 // `seqlen` new tokens per sequence after a `prefix` already cached, all of them in shuffled pages
 // (the new tokens' rows too, as the operator expects); the reference is the same attention over
 // contiguous keys, bottom-right aligned.
-class ExtendProblem : public Problem {
+struct ExtendSet {
+  DeviceBuffer q, k, v, pages, lens, cu_q, out, sinks;
+  MhaExtendArgs args;
+};
+
+class ExtendProblem : public AttentionProblem<ExtendSet> {
  public:
   ExtendProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
     batch_ = s.integer("batch", 1);
@@ -350,17 +356,8 @@ class ExtendProblem : public Problem {
     }
     max_pages_ = (prefix_ + new_ + page_ - 1) / page_;
   }
-  void ensure_sets(int count) override {
-    while (static_cast<int>(sets_.size()) < count) add_set();
-  }
-  int sets() const override { return static_cast<int>(sets_.size()); }
   void run(int i) override { mha_extend_with_kvcache(sets_[static_cast<size_t>(i)].args, nullptr); }
-  void poison(int i) override { sets_[static_cast<size_t>(i)].out.fill_bytes(0xFF); }
-  std::vector<double> output(int i) const override {
-    return decode_half(sets_[static_cast<size_t>(i)].out.to_host<uint16_t>(q_elems()), dtype_);
-  }
   std::vector<double> cpu_reference() const override { return reference::prefill_reference(host_).out; }
-  double cpu_cost() const override { return work().flops / 2; }
   Work work() const override {
     int64_t pairs = 0;
     for (int64_t i = 0; i < new_; ++i) pairs += visible(prefix_ + i, prefix_ + new_, causal_, window_);
@@ -373,15 +370,10 @@ class ExtendProblem : public Problem {
   size_t bytes_per_set() const override {
     return static_cast<size_t>(2 * batch_ * max_pages_ * page_ * hkv_ * d_ * (fp8_ ? 1 : 2)) + q_elems() * 4;
   }
-  double tolerance() const override { return dtype_ == DType::kBF16 ? 1e-2 : 2e-3; }
 
  private:
-  size_t q_elems() const { return static_cast<size_t>(batch_ * new_ * hq_ * d_); }
-  struct Set {
-    DeviceBuffer q, k, v, pages, lens, cu_q, out, sinks;
-    MhaExtendArgs args;
-  };
-  void add_set() {
+  size_t q_elems() const override { return static_cast<size_t>(batch_ * new_ * hq_ * d_); }
+  void add_set() override {
     std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 15485863));
     const int64_t len_k = prefix_ + new_, num_pages = batch_ * max_pages_;
     const size_t row = static_cast<size_t>(hkv_ * d_), kv_elems = static_cast<size_t>(batch_ * len_k) * row;
@@ -416,9 +408,9 @@ class ExtendProblem : public Problem {
     }
     const std::vector<float> sinks = describe_attention(h, rng, batch_, new_, len_k, hq_, hkv_, d_, causal_, window_, sinks_, softcap_);
     const std::vector<int> lens(static_cast<size_t>(batch_), static_cast<int>(len_k));
-    Set s{DeviceBuffer::from(q),          DeviceBuffer::from(k_cache), DeviceBuffer::from(v_cache),
-          DeviceBuffer::from(page_table), DeviceBuffer::from(lens),    DeviceBuffer::from(h.cu_q),
-          DeviceBuffer(q.size() * 2),     DeviceBuffer::from(sinks),   {}};
+    ExtendSet s{DeviceBuffer::from(q),          DeviceBuffer::from(k_cache), DeviceBuffer::from(v_cache),
+                DeviceBuffer::from(page_table), DeviceBuffer::from(lens),    DeviceBuffer::from(h.cu_q),
+                DeviceBuffer(q.size() * 2),     DeviceBuffer::from(sinks),   {}};
     auto& a = s.args;
     const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
     a.q = view(s.q, dtype_, {batch_ * new_, hq_, d_});
@@ -439,11 +431,9 @@ class ExtendProblem : public Problem {
   }
   uint64_t seed_;
   int64_t batch_, prefix_, new_, hq_, hkv_, d_, page_, window_, max_pages_;
-  DType dtype_;
   bool fp8_, causal_, sinks_;
   double softcap_;
   reference::PrefillProblem host_;
-  std::vector<Set> sets_;
 };
 
 // ---- moe_apply -------------------------------------------------------------------------------
