@@ -111,6 +111,8 @@ TEST_F(OpenclBackend, EveryOperatorMatchesFloat64) {
       {"mha_extend_with_kvcache", "batch=2,prefix=40,seqlen=30,heads_q=8,heads_kv=2,head_dim=64,page_size=16,window=20,sinks=1"},
       {"mha_extend_with_kvcache",
        "batch=1,prefix=33,seqlen=17,heads_q=4,heads_kv=2,head_dim=128,page_size=8,kv_dtype=e4m3,dtype=f16,softcap=30"},
+      {"kv_cache_append", "tokens=300,heads_kv=4,head_dim=64,page_size=16"},
+      {"kv_cache_append", "tokens=77,heads_kv=2,head_dim=128,page_size=1,dtype=f16,kv_dtype=e4m3"},
       {"moe_apply", "tokens=5,hidden=128,inter=96,experts=8,top_k=2"},
       {"moe_apply",
        "tokens=7,hidden=256,inter=128,experts=16,top_k=4,routing=softmax_topk,activation=swiglu_clamped,layout=interleaved,bias=bf16"},

@@ -42,6 +42,19 @@ inline float load_cache(__global const cache_elem* p, long i) {
   const float value = exponent == 0 ? (float)mantissa * 0.001953125f : ldexp(1.0f + (float)mantissa * 0.125f, (int)exponent - 7);
   return (b & 0x80u) ? -value : value;
 }
+// value / scale in e4m3: nearest, ties to even, beyond 448 saturated, NaN kept (as kiln's CUDA
+// kv_append and the host's encoder do).
+inline uchar float_to_e4m3(float x) {
+  const uchar sign = (as_uint(x) >> 24) & 0x80u;
+  if (isnan(x)) return sign | 0x7Fu;
+  const float a = fabs(x);
+  if (a >= 448.0f) return sign | 0x7Eu;
+  if (a < 0.015625f) return sign | (uchar)rint(a * 512.0f);  // subnormal steps of 2^-9; 8 steps is 2^-6, code 0x08
+  const uint bits = as_uint(a), rest = bits & 0xFFFFFu;
+  uint code = (((bits >> 23) - 120u) << 3) | ((bits >> 20) & 7u);  // exponent bias 127 to 7, 3 mantissa bits
+  if (rest > 0x80000u || (rest == 0x80000u && (code & 1u))) ++code;   // a carry into the exponent is right too
+  return sign | (uchar)min(code, 0x7Eu);
+}
 #else
 typedef elem cache_elem;
 inline float load_cache(__global const cache_elem* p, long i) { return load_elem(p, i); }
@@ -316,7 +329,8 @@ __kernel void kiln_decode_split(__global const uchar* P, __local uchar* scratch)
 #endif  // SPLITS
 #endif  // HEAD_DIM
 
-// KV-cache append, same 16-bit element type in and out, copied as bits: global size (tokens, Hkv).
+// KV-cache append: global size (tokens, Hkv). A 16-bit cache of the tokens' type takes their bits;
+// an e4m3 cache (KILN_CACHE_E4M3) value / k_scale and value / v_scale.
 __kernel void kiln_kv_append(__global const uchar* P, __local uchar* scratch) {
   const int t = get_global_id(0), h = get_global_id(1);
   if (t >= I32(KvAppend, tokens) || h >= I32(KvAppend, num_heads_kv)) return;
@@ -324,15 +338,27 @@ __kernel void kiln_kv_append(__global const uchar* P, __local uchar* scratch) {
   if (slot < 0) return;
   const int shift = I32(KvAppend, page_shift);
   const long page = slot >> shift, row = slot & ((1L << shift) - 1);
-  __global const ushort* k = PTR(const ushort, KvAppend, k) + t * I64(KvAppend, k_row_stride) + h * I64(KvAppend, k_head_stride);
-  __global const ushort* v = PTR(const ushort, KvAppend, v) + t * I64(KvAppend, v_row_stride) + h * I64(KvAppend, v_head_stride);
-  __global ushort* kc = PTR(ushort, KvAppend, k_cache) + page * I64(KvAppend, k_cache_page_stride) + row * I64(KvAppend, k_cache_row_stride) +
-                      h * I64(KvAppend, k_cache_head_stride);
-  __global ushort* vc = PTR(ushort, KvAppend, v_cache) + page * I64(KvAppend, v_cache_page_stride) + row * I64(KvAppend, v_cache_row_stride) +
-                      h * I64(KvAppend, v_cache_head_stride);
+#ifdef KILN_CACHE_E4M3
+  typedef elem in_elem;
+  typedef uchar out_elem;
+#else
+  typedef ushort in_elem;
+  typedef ushort out_elem;
+#endif
+  __global const in_elem* k = PTR(const in_elem, KvAppend, k) + t * I64(KvAppend, k_row_stride) + h * I64(KvAppend, k_head_stride);
+  __global const in_elem* v = PTR(const in_elem, KvAppend, v) + t * I64(KvAppend, v_row_stride) + h * I64(KvAppend, v_head_stride);
+  __global out_elem* kc = PTR(out_elem, KvAppend, k_cache) + page * I64(KvAppend, k_cache_page_stride) +
+                          row * I64(KvAppend, k_cache_row_stride) + h * I64(KvAppend, k_cache_head_stride);
+  __global out_elem* vc = PTR(out_elem, KvAppend, v_cache) + page * I64(KvAppend, v_cache_page_stride) +
+                          row * I64(KvAppend, v_cache_row_stride) + h * I64(KvAppend, v_cache_head_stride);
   for (int d = 0; d < I32(KvAppend, head_dim); ++d) {
+#ifdef KILN_CACHE_E4M3
+    kc[d] = float_to_e4m3(load_elem(k, d) / F32(KvAppend, k_scale));
+    vc[d] = float_to_e4m3(load_elem(v, d) / F32(KvAppend, v_scale));
+#else
     kc[d] = k[d];
     vc[d] = v[d];
+#endif
   }
 }
 

@@ -108,6 +108,8 @@ const FieldOffset kFieldOffsets[] = {KILN_OCL_FIELD(Prefill, KilnPrefillParams, 
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, num_heads_kv),
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, head_dim),
                                      KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, page_shift),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, k_scale),
+                                     KILN_OCL_FIELD(KvAppend, KilnKvAppendParams, v_scale),
                                      KILN_OCL_FIELD(Moe, KilnMoeParams, x),
                                      KILN_OCL_FIELD(Moe, KilnMoeParams, out),
                                      KILN_OCL_FIELD(Moe, KilnMoeParams, router_logits),
@@ -185,7 +187,9 @@ int attention_accepts(const char* signature, char* reason, size_t size) {
 
 int kv_append_accepts(const char* signature, char* reason, size_t size) {
   auto p = properties(signature);
-  if (p["kv_dtype"] != p["dtype"]) return refuse(reason, size, "kv_dtype " + p["kv_dtype"] + " unsupported (same as dtype only)");
+  if (p["kv_dtype"] != p["dtype"] && p["kv_dtype"] != "e4m3") {
+    return refuse(reason, size, "kv_dtype " + p["kv_dtype"] + " unsupported (the tokens' type, or e4m3)");
+  }
   return 1;
 }
 

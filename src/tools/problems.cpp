@@ -436,6 +436,133 @@ class ExtendProblem : public AttentionProblem<ExtendSet> {
   reference::PrefillProblem host_;
 };
 
+// ---- kv_cache_append -------------------------------------------------------------------------
+// `tokens` rows of K and V into slots of a shuffled pool of pages, every seventh token skipped (a
+// negative slot). The output is what landed in the slots written; the reference is the tokens'
+// values, or in an e4m3 cache the host's own encoding of value / scale.
+class AppendProblem : public Problem {
+ public:
+  AppendProblem(ShapeArgs& s, uint64_t seed) : seed_(seed) {
+    tokens_ = s.integer("tokens", 300);
+    hkv_ = s.integer("heads_kv", 8);
+    d_ = s.integer("head_dim", 128);
+    page_ = s.integer("page_size", 16);
+    dtype_ = half_type(s.text("dtype", "bf16"), "dtype");
+    fp8_ = s.text("kv_dtype", dtype_name(dtype_)) == "e4m3";
+    if (tokens_ < 1 || hkv_ < 1 || d_ < 8 || d_ % 8 != 0 || page_ < 1) {
+      throw Error(ErrorCode::kInvalidArgument, "--shape: need tokens, heads_kv and page_size >= 1, head_dim a multiple of 8");
+    }
+    num_pages_ = (3 * tokens_ + page_ - 1) / page_ + 1;
+  }
+  void ensure_sets(int count) override {
+    while (static_cast<int>(sets_.size()) < count) add_set();
+  }
+  int sets() const override { return static_cast<int>(sets_.size()); }
+  void run(int i) override { kv_cache_append(sets_[static_cast<size_t>(i)].args, nullptr); }
+  void poison(int i) override {
+    sets_[static_cast<size_t>(i)].k_cache.fill_bytes(0xFF);
+    sets_[static_cast<size_t>(i)].v_cache.fill_bytes(0xFF);
+  }
+  std::vector<double> output(int i) const override {
+    const Set& set = sets_[static_cast<size_t>(i)];
+    const size_t cache_elems = static_cast<size_t>(num_pages_ * page_) * row();
+    std::vector<double> k, v;
+    if (fp8_) {
+      k = decode_e4m3(set.k_cache.to_host<uint8_t>(cache_elems), kScale);
+      v = decode_e4m3(set.v_cache.to_host<uint8_t>(cache_elems), kScale);
+    } else {
+      k = decode_half(set.k_cache.to_host<uint16_t>(cache_elems), dtype_);
+      v = decode_half(set.v_cache.to_host<uint16_t>(cache_elems), dtype_);
+    }
+    return written_rows(k, v);
+  }
+  std::vector<double> cpu_reference() const override {
+    std::vector<double> out;
+    for (int64_t t = 0; t < tokens_; ++t) {
+      if (slots_[static_cast<size_t>(t)] < 0) continue;
+      for (const auto* values : {&k_values_, &v_values_}) {
+        for (size_t j = 0; j < row(); ++j) {
+          const double value = (*values)[static_cast<size_t>(t) * row() + j];
+          out.push_back(fp8_ ? static_cast<double>(e4m3_to_float(float_to_e4m3_saturated(static_cast<float>(value) / kScale))) * kScale
+                             : value);
+        }
+      }
+    }
+    return out;
+  }
+  double cpu_cost() const override { return static_cast<double>(tokens_) * static_cast<double>(row()); }
+  Work work() const override { return {0, static_cast<double>(tokens_) * static_cast<double>(row()) * (2.0 * 2 + 2.0 * (fp8_ ? 1 : 2))}; }
+  Signature signature() const override { return signature_of(sets_[0].args); }
+  size_t bytes_per_set() const override {
+    return static_cast<size_t>(tokens_) * row() * 4 + static_cast<size_t>(num_pages_ * page_) * row() * (fp8_ ? 2 : 4);
+  }
+  double tolerance() const override { return 1e-12; }  // exact: the bits, or the same rounding
+
+ private:
+  // e4m3 cache: stored = value / scale. Values of about 4 over 1/64 reach past 448 (saturated)
+  // and down into the subnormals.
+  static constexpr float kScale = 0.015625f;
+  size_t row() const { return static_cast<size_t>(hkv_ * d_); }
+  static std::vector<double> decode_e4m3(const std::vector<uint8_t>& bytes, float scale) {
+    std::vector<double> out(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<double>(e4m3_to_float(bytes[i])) * scale;
+    return out;
+  }
+  // K's row then V's of every token that has a slot, in token order.
+  std::vector<double> written_rows(const std::vector<double>& k, const std::vector<double>& v) const {
+    std::vector<double> out;
+    for (int64_t t = 0; t < tokens_; ++t) {
+      const int64_t slot = slots_[static_cast<size_t>(t)];
+      if (slot < 0) continue;
+      for (const auto* cache : {&k, &v}) {
+        out.insert(out.end(), cache->begin() + static_cast<ptrdiff_t>(static_cast<size_t>(slot) * row()),
+                   cache->begin() + static_cast<ptrdiff_t>(static_cast<size_t>(slot + 1) * row()));
+      }
+    }
+    return out;
+  }
+  struct Set {
+    DeviceBuffer k, v, slots, k_cache, v_cache;
+    KvAppendArgs args;
+  };
+  void add_set() {
+    std::mt19937 rng(static_cast<uint32_t>(seed_ + sets_.size() * 32452843));
+    std::vector<double> k_values, v_values;
+    const auto k = random_half(rng, static_cast<size_t>(tokens_) * row(), dtype_, 4.0f, k_values);
+    const auto v = random_half(rng, static_cast<size_t>(tokens_) * row(), dtype_, 4.0f, v_values);
+    // The same slots in every set, so that output() reads each set's rows where they went.
+    if (slots_.empty()) {
+      std::vector<int64_t> pool(static_cast<size_t>(num_pages_ * page_));
+      std::iota(pool.begin(), pool.end(), 0);
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int64_t t = 0; t < tokens_; ++t) slots_.push_back(t % 7 == 3 ? -1 : pool[static_cast<size_t>(t)]);
+    }
+    const size_t cache_bytes = static_cast<size_t>(num_pages_ * page_) * row() * (fp8_ ? 1 : 2);
+    Set s{DeviceBuffer::from(k),     DeviceBuffer::from(v),     DeviceBuffer::from(slots_),
+          DeviceBuffer(cache_bytes), DeviceBuffer(cache_bytes), {}};
+    auto& a = s.args;
+    const DType cache = fp8_ ? DType::kF8E4M3 : dtype_;
+    a.k = view(s.k, dtype_, {tokens_, hkv_, d_});
+    a.v = view(s.v, dtype_, {tokens_, hkv_, d_});
+    a.slot_mapping = view(s.slots, DType::kI64, {tokens_});
+    a.k_cache = view(s.k_cache, cache, {num_pages_, page_, hkv_, d_});
+    a.v_cache = view(s.v_cache, cache, {num_pages_, page_, hkv_, d_});
+    a.k_scale = a.v_scale = fp8_ ? kScale : 1.0f;
+    if (sets_.empty()) {
+      k_values_ = std::move(k_values);
+      v_values_ = std::move(v_values);
+    }
+    sets_.push_back(std::move(s));
+  }
+  uint64_t seed_;
+  int64_t tokens_, hkv_, d_, page_, num_pages_;
+  DType dtype_;
+  bool fp8_;
+  std::vector<int64_t> slots_;
+  std::vector<double> k_values_, v_values_;  // set 0's inputs
+  std::vector<Set> sets_;
+};
+
 // ---- moe_apply -------------------------------------------------------------------------------
 class MoeProblem : public Problem {
  public:
@@ -677,18 +804,6 @@ class MoeProblem : public Problem {
 
 }  // namespace
 
-bool has_problem(const std::string& op) {
-  return op == "mha_prefill" || op == "mha_decode_with_kvcache" || op == "mha_extend_with_kvcache" || op == "moe_apply";
-}
-
-void require_problem(const std::string& op) {
-  if (has_problem(op)) return;
-  operator_from_name(op);  // throws for an unknown name, listing the operators
-  throw Error(ErrorCode::kInvalidArgument, fmt::format("kiln check and bench have no problem for {} (they cover mha_prefill, "
-                                                       "mha_decode_with_kvcache, mha_extend_with_kvcache and moe_apply)",
-                                                       op));
-}
-
 std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
   const auto& f = sig.fields();
   auto get = [&](const char* k) { return f.at(k); };
@@ -712,7 +827,10 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
         batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("causal"),
         get("window") == "1" ? 100 : -1, get("sinks"), get("softcap") == "1" ? 30 : 0);
   }
-  require_problem(op);  // moe_apply from here on
+  if (op == "kv_cache_append") {
+    return fmt::format("tokens={},heads_kv=2,head_dim=128,page_size=16,dtype={},kv_dtype={}", 16 * batch_or_tokens, get("dtype"),
+                       get("kv_dtype"));
+  }
   std::string shape = fmt::format("tokens={},hidden={},inter={},experts={},top_k={},weights={},routing={},activation={},layout={},bias={}",
                                   batch_or_tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"),
                                   get("routing"), get("activation"), get("layout"), get("w13_bias"));
@@ -730,10 +848,13 @@ std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, u
     p = std::make_unique<DecodeProblem>(shape, seed);
   } else if (op == "mha_extend_with_kvcache") {
     p = std::make_unique<ExtendProblem>(shape, seed);
+  } else if (op == "kv_cache_append") {
+    p = std::make_unique<AppendProblem>(shape, seed);
   } else if (op == "moe_apply") {
     p = std::make_unique<MoeProblem>(shape, seed);
   } else {
-    require_problem(op);  // throws: no such operator, or no problem for it
+    operator_from_name(op);  // throws for an unknown name, listing the operators
+    throw Error(ErrorCode::kInternal, fmt::format("kiln check and bench have no problem for {}", op));
   }
   shape.check_all_used(op);
   if (allocate) p->ensure_sets(1);

@@ -58,11 +58,6 @@ class Problem {
 // looked for, so a bad argument is reported as such on any machine).
 std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed, bool allocate = true);
 
-// Whether kiln check and bench have a problem for the operator (kv_cache_append has none), and
-// the error that says so, or that the name is no operator.
-bool has_problem(const std::string& op);
-void require_problem(const std::string& op);
-
 // A --shape text whose problem has exactly this signature (for kiln check/bench --manifest):
 // modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE), two KV heads.
 std::string shape_for(const Signature& sig, int64_t batch_or_tokens);
