@@ -34,9 +34,9 @@ const Platform& gpu_platform() {
   return p;
 }
 
-// The REFERENCE kernel that runs this signature: the oracle every other kernel is checked against.
-// The REFERENCE kernel for the call, if one runs it (kv_cache_append has none: its kernels copy,
-// and float64 says exactly what they must write).
+// The REFERENCE kernel that runs this signature, the oracle every other kernel is checked against,
+// if there is one (kv_cache_append has none: its kernels copy, and float64 says exactly what they
+// must write).
 std::optional<std::string> reference_kernel(const Signature& sig, const Platform& p) {
   for (const auto& c : Registry::global().explain(sig, p).candidates) {
     if (c.eligible && c.priority == Priority::kReference) return c.kernel;
