@@ -358,15 +358,12 @@ __global__ void __launch_bounds__(512) moe_apply_mfma(const KilnMoeParams p) {
   float* y = reinterpret_cast<float*>(ws + layout.y);  // [T * k, H]
   unsigned barrier_target = 0;
 
-  // 1. Route; ids outside [0, E) become -1 and contribute nothing.
+  // 1. Route; ids outside [0, E) become -1 (route_token) and contribute nothing.
   for (int t = first; t < T; t += threads) {
     route_token<kRouting, kLogitsBf16>(p, t, ids + t * k, weights + t * k);
     for (int j = 0; j < k; ++j) {
       const int e = ids[t * k + j];
-      if (e < 0 || e >= E)
-        ids[t * k + j] = -1;
-      else
-        __atomic_fetch_add(&counts[e], 1, __ATOMIC_RELAXED);
+      if (e >= 0) __atomic_fetch_add(&counts[e], 1, __ATOMIC_RELAXED);
     }
   }
   grid_barrier(arrivals, barrier_target);

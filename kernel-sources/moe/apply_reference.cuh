@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(256) moe_apply_reference(const KilnMoeParams p
 
   for (int j = 0; j < p.top_k; ++j) {
     const int e = ids[j];
+    if (e < 0) continue;  // an id outside [0, E) (route_token): nothing to add
     const float w = weights[j];
     for (int r = threadIdx.x; r < p.intermediate; r += blockDim.x) {
       const GateUpRows rows = gate_up_rows<kLayout>(r, p.intermediate);

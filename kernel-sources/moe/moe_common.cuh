@@ -68,12 +68,14 @@ __device__ __forceinline__ float glu_activation(float gate, float up) {
 }
 
 // Serial routing of one token by one thread: picks top_k experts (ties go to the lower index) and
-// their weights (the reference kernel and moe_apply_mfma).
+// their weights, or takes the precomputed ones, where an id outside [0, E) becomes -1 (the
+// reference kernel and moe_apply_mfma).
 template <int kRouting, bool kLogitsBf16>
 __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* weights) {
   if (kRouting == kRoutingPrecomputed) {
     for (int j = 0; j < p.top_k; ++j) {
-      ids[j] = p.topk_ids[token * p.topk_row_stride + j];
+      const int id = p.topk_ids[token * p.topk_row_stride + j];
+      ids[j] = id >= 0 && id < p.num_experts ? id : -1;  // outside [0, E): contributes nothing
       weights[j] = p.topk_weights[token * p.topk_row_stride + j];
     }
     return;

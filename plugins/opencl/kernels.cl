@@ -439,7 +439,8 @@ inline void route_token(__global const uchar* P, int token, __local int* ids, __
   const int top_k = I32(Moe, top_k), experts = I32(Moe, num_experts);
 #if MOE_ROUTING == 2
   for (int j = 0; j < top_k; ++j) {
-    ids[j] = PTR(const int, Moe, topk_ids)[token * I64(Moe, topk_row_stride) + j];
+    const int id = PTR(const int, Moe, topk_ids)[token * I64(Moe, topk_row_stride) + j];
+    ids[j] = id >= 0 && id < experts ? id : -1;  // outside [0, E): contributes nothing
     weights[j] = PTR(const float, Moe, topk_weights)[token * I64(Moe, topk_row_stride) + j];
   }
 #else
@@ -500,6 +501,7 @@ __kernel void kiln_moe_apply(__global const uchar* P, __local uchar* scratch) {
   __global const uchar* w2_bias = PTR(const uchar, Moe, w2_bias);
   for (int j = 0; j < I32(Moe, top_k); ++j) {
     const int e = ids[j];
+    if (e < 0) continue;  // an id outside [0, E) (route_token): nothing to add
     const float w = weights[j];
     const long base = e * I64(Moe, w13_expert_stride), scale_base = e * I64(Moe, w13_scale_expert_stride);
     for (int r = lid; r < I; r += threads) {

@@ -152,6 +152,7 @@ std::vector<double> moe_apply_reference(const MoeProblem& p) {
     const std::vector<double> x_used = p.mxfp8_activations ? mxfp8_row(&p.x[t * H], H) : std::vector<double>();
     const double* x = p.mxfp8_activations ? x_used.data() : &p.x[t * H];
     for (size_t j = 0; j < ids.size(); ++j) {
+      if (ids[j] < 0 || ids[j] >= p.experts) continue;  // an id outside [0, E) adds nothing, as in the kernels
       const size_t e = static_cast<size_t>(ids[j]);
       std::vector<double> act(I);
       for (size_t r = 0; r < I; ++r) {

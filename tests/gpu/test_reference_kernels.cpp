@@ -1140,13 +1140,17 @@ struct MoeCase {
   bool bias;
   bool all_to_one;    // precomputed: every token to expert 3
   bool w4a8 = false;  // activations quantized to MXFP8 (activation_dtype e4m3); MXFP4 weights
+  // precomputed: ids outside [0, E), which add nothing: 1 each token's last slot (-1 and E + 5 in
+  // turn), 2 every slot
+  int foreign_ids = 0;
 };
 
 std::string describe(const MoeCase& c) {
   return "moe mxfp4=" + std::to_string(c.mxfp4) + " T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.hidden) +
          " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.top_k) +
          " routing=" + std::to_string(c.routing) + " act=" + std::to_string(c.activation) +
-         " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias) + " w4a8=" + std::to_string(c.w4a8);
+         " interleaved=" + std::to_string(c.interleaved) + " bias=" + std::to_string(c.bias) + " w4a8=" + std::to_string(c.w4a8) +
+         " foreign_ids=" + std::to_string(c.foreign_ids);
 }
 
 // Where a MoE case's tensors live on the device; all null is enough for the call's signature.
@@ -1242,7 +1246,8 @@ void run_moe(std::mt19937& rng, const MoeCase& c) {
       std::shuffle(order.begin(), order.end(), rng);
       if (c.all_to_one) order[0] = 3, order[1] = 3 == order[1] ? 0 : order[1];
       for (size_t j = 0; j < K; ++j) {
-        ids.push_back(c.all_to_one && j == 0 ? 3 : order[j]);
+        const bool foreign = c.foreign_ids == 2 || (c.foreign_ids == 1 && j + 1 == K);
+        ids.push_back(foreign ? (t % 2 == 0 ? -1 : static_cast<int>(E) + 5) : c.all_to_one && j == 0 ? 3 : order[j]);
         weights_f.push_back(std::fabs(n01(rng)) / static_cast<float>(K));
       }
     }
@@ -1390,6 +1395,60 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .interleaved = false,
        .bias = false,
        .all_to_one = true},  // all tokens to expert 3
+      // ids outside [0, E): each token's last slot (routed in every CTA; in the grid, on the
+      // streaming phases and, with bf16 weights on sm_90a, the grouped GEMMs), every slot
+      {.mxfp4 = true,
+       .tokens = 3,
+       .hidden = 128,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 1,
+       .interleaved = true,
+       .bias = true,
+       .all_to_one = false,
+       .foreign_ids = 1},
+      {.mxfp4 = true,
+       .tokens = 40,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false,
+       .foreign_ids = 1},
+      {.mxfp4 = false,
+       .tokens = 40,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false,
+       .foreign_ids = 1},
+      {.mxfp4 = true,
+       .tokens = 2,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 8,
+       .top_k = 2,
+       .routing = 2,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false,
+       .foreign_ids = 2},
       {.mxfp4 = true,
        .tokens = 4,
        .hidden = 128,
