@@ -125,6 +125,37 @@ std::vector<float> describe_attention(reference::PrefillProblem& h, std::mt19937
   return drawn;
 }
 
+// 0 .. n - 1 in an order drawn from `rng`: pages, slots or experts scattered.
+std::vector<int> shuffled_indices(size_t n, std::mt19937& rng) {
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+// `elems` random K values, then as many V values, as a cache stores them: e4m3 (dequantized =
+// stored x scale, exact in doubles) or `dtype`; their values go into k_values and v_values.
+struct RandomKv {
+  bool fp8;
+  std::vector<uint16_t> k16, v16;
+  std::vector<uint8_t> k8, v8;
+  RandomKv(std::mt19937& rng, size_t elems, bool fp8_cache, DType dtype, float scale, std::vector<double>& k_values,
+           std::vector<double>& v_values)
+      : fp8(fp8_cache) {
+    if (fp8) {
+      k8 = random_e4m3(rng, elems, scale, k_values);
+      v8 = random_e4m3(rng, elems, scale, v_values);
+    } else {
+      k16 = random_half(rng, elems, dtype, 1.0f, k_values);
+      v16 = random_half(rng, elems, dtype, 1.0f, v_values);
+    }
+  }
+  const uint8_t* k_bytes() const { return fp8 ? k8.data() : reinterpret_cast<const uint8_t*>(k16.data()); }
+  const uint8_t* v_bytes() const { return fp8 ? v8.data() : reinterpret_cast<const uint8_t*>(v16.data()); }
+  DeviceBuffer k_device() const { return fp8 ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16); }
+  DeviceBuffer v_device() const { return fp8 ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16); }
+};
+
 // What the attention problems share: input sets added on demand, each with a 16-bit `out` of q's
 // shape, poisoned and read back alike.
 template <typename Set>
@@ -280,26 +311,16 @@ class DecodeProblem : public AttentionProblem<DecodeSet> {
     h.scale = 1.0 / std::sqrt(static_cast<double>(d_));
     h.seqlens.assign(static_cast<size_t>(batch_), static_cast<int>(context_));
     const int64_t num_pages = pages_per_set();
-    h.page_table.resize(static_cast<size_t>(num_pages));
-    std::iota(h.page_table.begin(), h.page_table.end(), 0);
-    std::shuffle(h.page_table.begin(), h.page_table.end(), rng);  // pages scattered in memory
+    h.page_table = shuffled_indices(static_cast<size_t>(num_pages), rng);  // pages scattered in memory
     const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
     const size_t cache_elems = static_cast<size_t>(num_pages * page_ * hkv_ * d_);
-    std::vector<uint16_t> k16, v16;
-    std::vector<uint8_t> k8, v8;
     const float scale = 0.5f;
-    if (fp8_) {
-      k8 = random_e4m3(rng, cache_elems, scale, h.k_cache);
-      v8 = random_e4m3(rng, cache_elems, scale, h.v_cache);
-    } else {
-      k16 = random_half(rng, cache_elems, dtype_, 1.0f, h.k_cache);
-      v16 = random_half(rng, cache_elems, dtype_, 1.0f, h.v_cache);
-    }
+    const RandomKv kv(rng, cache_elems, fp8_, dtype_, scale, h.k_cache, h.v_cache);
     std::vector<float> sinks(static_cast<size_t>(hq_), 0.5f);
     if (sinks_) h.sinks.assign(sinks.begin(), sinks.end());
     DecodeSet s{DeviceBuffer::from(q),
-                fp8_ ? DeviceBuffer::from(k8) : DeviceBuffer::from(k16),
-                fp8_ ? DeviceBuffer::from(v8) : DeviceBuffer::from(v16),
+                kv.k_device(),
+                kv.v_device(),
                 DeviceBuffer::from(h.page_table),
                 DeviceBuffer::from(h.seqlens),
                 DeviceBuffer(q.size() * 2),
@@ -379,24 +400,14 @@ class ExtendProblem : public AttentionProblem<ExtendSet> {
     const size_t row = static_cast<size_t>(hkv_ * d_), kv_elems = static_cast<size_t>(batch_ * len_k) * row;
     reference::PrefillProblem h;
     const auto q = random_half(rng, q_elems(), dtype_, 1.0f, h.q);
-    const float scale = 0.5f;  // e4m3 cache: dequantized = stored x scale, exact in doubles
-    std::vector<uint16_t> k16, v16;
-    std::vector<uint8_t> k8, v8;
-    if (fp8_) {
-      k8 = random_e4m3(rng, kv_elems, scale, h.k);
-      v8 = random_e4m3(rng, kv_elems, scale, h.v);
-    } else {
-      k16 = random_half(rng, kv_elems, dtype_, 1.0f, h.k);
-      v16 = random_half(rng, kv_elems, dtype_, 1.0f, h.v);
-    }
-    std::vector<int> page_table(static_cast<size_t>(num_pages));
-    std::iota(page_table.begin(), page_table.end(), 0);
-    std::shuffle(page_table.begin(), page_table.end(), rng);  // pages scattered in memory
+    const float scale = 0.5f;
+    const RandomKv kv(rng, kv_elems, fp8_, dtype_, scale, h.k, h.v);
+    const std::vector<int> page_table = shuffled_indices(static_cast<size_t>(num_pages), rng);  // pages scattered in memory
     // Key j of sequence b at row j % page of page page_table[b][j / page]; rows no key fills stay 0xFF.
     const size_t elem = fp8_ ? 1 : 2;
     std::vector<uint8_t> k_cache(static_cast<size_t>(num_pages * page_) * row * elem, 0xFF), v_cache(k_cache.size(), 0xFF);
-    const uint8_t* k_src = fp8_ ? k8.data() : reinterpret_cast<const uint8_t*>(k16.data());
-    const uint8_t* v_src = fp8_ ? v8.data() : reinterpret_cast<const uint8_t*>(v16.data());
+    const uint8_t* k_src = kv.k_bytes();
+    const uint8_t* v_src = kv.v_bytes();
     for (int64_t b = 0; b < batch_; ++b) {
       for (int64_t j = 0; j < len_k; ++j) {
         const int64_t page = page_table[static_cast<size_t>(b * max_pages_ + j / page_)];
@@ -532,9 +543,7 @@ class AppendProblem : public Problem {
     const auto v = random_half(rng, static_cast<size_t>(tokens_) * row(), dtype_, 4.0f, v_values);
     // The same slots in every set, so that output() reads each set's rows where they went.
     if (slots_.empty()) {
-      std::vector<int64_t> pool(static_cast<size_t>(num_pages_ * page_));
-      std::iota(pool.begin(), pool.end(), 0);
-      std::shuffle(pool.begin(), pool.end(), rng);
+      const std::vector<int> pool = shuffled_indices(static_cast<size_t>(num_pages_ * page_), rng);
       for (int64_t t = 0; t < tokens_; ++t) slots_.push_back(t % 7 == 3 ? -1 : pool[static_cast<size_t>(t)]);
     }
     const size_t cache_bytes = static_cast<size_t>(num_pages_ * page_) * row() * (fp8_ ? 1 : 2);
@@ -665,9 +674,7 @@ class MoeProblem : public Problem {
     std::vector<int> ids;
     if (routing_ == 2) {
       for (size_t t = 0; t < T; ++t) {
-        std::vector<int> order(E);
-        std::iota(order.begin(), order.end(), 0);
-        std::shuffle(order.begin(), order.end(), rng);
+        const std::vector<int> order = shuffled_indices(E, rng);
         for (size_t j = 0; j < K; ++j) {
           ids.push_back(order[j]);
           weights.push_back(std::fabs(n01(rng)) / static_cast<float>(K));
