@@ -669,12 +669,14 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * Pipe::kStages];
     __shared__ int tile_of_stage[Pipe::kStages];
     __shared__ int slice_after;
+    __shared__ int tile_claims[2];
     Pipe pipe;
     pipe.full = shared_address(&gemm_barriers[0]);
     pipe.empty = shared_address(&gemm_barriers[Pipe::kStages]);
     pipe.told = shared_address(&gemm_barriers[2 * Pipe::kStages]);
     pipe.tile_of_stage = tile_of_stage;
     pipe.slice_after = &slice_after;
+    pipe.claims = tile_claims;
     pipe.stage_base = shared_address(align_shared<1024>(moe_dynamic));  // the swizzle atoms' alignment
     pipe.stage_bytes = kFormat == kWeightsBf16 ? kMoeStageBytes : kMoeMxfp4StageBytes;
     if (threadIdx.x == 0) moe_gemm_init_barriers(pipe, kFormat != kWeightsBf16);

@@ -33,6 +33,7 @@
 #include "common/mma_sm80.cuh"
 #include "common/tma_sm90.cuh"
 #include "common/vector_memory.cuh"
+#include "common/warp_specialization_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 #include "moe/moe_common.cuh"
 #include "moe/mxfp4_decode.cuh"
@@ -59,6 +60,7 @@ enum {
   kMoeProducerThread = 256,    // ... and the first thread of warpgroup 2 every copy
   kMoeMxfp4MathThreads = 384,  // MXFP4: warpgroups 0 to 2 decode the weights and run the MMAs
   kMoeCopierThreads = 128,     // ... and warpgroup 3 copies the weights and x or act
+  kMoeCopierBarrier = 1,       // the named barrier the copiers meet at between tiles
   kMoeMxfp4CopiesPerCopier = kMoeMxfp4Copies / kMoeCopierThreads,
   // Per math warp, in the shared memory the caller passes as `staging`: a 16 x 64-byte block of
   // the epilogue's output, then (after all warps' blocks) its warpgroup's bf16 biases.
@@ -248,6 +250,7 @@ struct MoeGemmPipeline {
   unsigned told;         // likewise: tile_of_stage written (the producer arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
   int* slice_after;      // the running slice count after a phase, from the producer thread
+  int* claims;           // MXFP4: two ints, the copiers' next tile (MoeWeightCursor)
   unsigned stage_base;   // stage 0, 1024-byte aligned
   unsigned stage_bytes;  // kMoeStageBytes, or kMoeMxfp4StageBytes
   // Slice counts are never negative: as unsigned, the stage and phase are a mask and a shift.
@@ -581,10 +584,11 @@ __device__ __forceinline__ const unsigned char* mxfp4_scale_row(const KilnMoePar
          row * (kUp ? p.w13_scale_row_stride : p.w2_scale_row_stride);
 }
 
-// Where one MXFP4 copier is in the CTA's tiles. CTA c takes tiles c, c + gridDim.x, ... in the
-// claim order's sequence (every tile of a phase costs the same k_steps slices, so the CTAs stay in
-// step as claimed tiles would), and every copier walks that sequence itself: no copier waits on
-// another for its next slice. Copier i makes copies i, i + 128 and i + 256 of each slice (copy j:
+// Where one MXFP4 copier is in the CTA's tiles. CTA c starts with tile c and claims each later
+// one from `counter` (zeroed) a tile ahead, as the bf16 producer does: tiles of at most 64 pairs
+// run half the MMAs of full ones, so CTAs dealt a fixed share ended the phase apart. Copier 0
+// claims and publishes the tile in `claims[turn % 2]`; the copiers meet at a named barrier at each
+// tile's end and all take it. Copier i makes copies i, i + 128 and i + 256 of each slice (copy j:
 // tile row j / 2, half j % 2 of its 64 K values); `packed_now[n]` and `scale_now[n]`: the 16 bytes
 // of weights of its copy n at slice `ks` of the tile and their scale byte, null where the weight
 // row does not exist or the phase is over.
@@ -592,13 +596,17 @@ template <bool kUp, int kLayout>
 struct MoeWeightCursor {
   static constexpr int kCopies = kMoeMxfp4CopiesPerCopier;
   MoeGemmTile t;
-  int tile, ks;
+  int tile, ks, turn;
+  int *claims, *counter;  // shared (two ints), global
   const unsigned char *packed_now[kCopies], *scale_now[kCopies];
 
   static __device__ int copy_index(int copier, int n) { return copier + kMoeCopierThreads * n; }
-  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
+  __device__ void start(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier, int* claims_, int* counter_) {
     tile = blockIdx.x;
-    ks = 0;
+    ks = turn = 0;
+    claims = claims_;
+    counter = counter_;
+    claim(s, copier);
     begin_tile(p, s, copier);
   }
   __device__ void advance(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
@@ -613,12 +621,20 @@ struct MoeWeightCursor {
       return;
     }
     ks = 0;
-    tile += gridDim.x;
+    named_barrier_sync(kMoeCopierBarrier, kMoeCopierThreads);  // copier 0's claim is visible
+    tile = claims[turn & 1];
+    ++turn;
+    claim(s, copier);
     begin_tile(p, s, copier);
   }
   __device__ bool done(const MoeGemmShape<kUp, kMoeMxfp4TileN>& s) const { return tile >= s.total_tiles; }
 
  private:
+  // The tile after this one, into the slot the others read after the next barrier (they read the
+  // other slot at the last one).
+  __device__ void claim(const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
+    if (copier == 0 && tile < s.total_tiles) claims[turn & 1] = gridDim.x + atomic_add_global(counter, 1);
+  }
   __device__ void begin_tile(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, int copier) {
 #pragma unroll
     for (int n = 0; n < kCopies; ++n) packed_now[n] = scale_now[n] = nullptr;
@@ -654,7 +670,7 @@ __device__ __forceinline__ unsigned mxfp4_raw_offset(int row, int half) {
 // copiers never wait for their copies, so they run as far ahead as the stages allow.
 template <bool kUp, int kFormat, int kLayout>
 __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s,
-                                                   const MoeGemmPipelineOf<kFormat>& pipe, int slice) {
+                                                   const MoeGemmPipelineOf<kFormat>& pipe, int slice, int* counter) {
   using Pipe = MoeGemmPipelineOf<kFormat>;
   constexpr int kWarps = kMoeCopierThreads / 32;
   const int copier = threadIdx.x - kMoeMxfp4MathThreads, warp = copier >> 5, lane = copier & 31;
@@ -662,7 +678,7 @@ __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const
   const void* const weights = kUp ? p.w13 : p.w2;
   if (copier == 0) tma_prefetch_map(x_map);
   MoeWeightCursor<kUp, kLayout> at;
-  at.start(p, s, copier);
+  at.start(p, s, copier, pipe.claims, counter);
   for (;; ++slice) {
     const unsigned full = pipe.full_barrier(slice), stage = pipe.stage(slice);
     const bool end = at.done(s);
@@ -905,10 +921,10 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
 // One projection over all tiles. kUp: A = x_grouped rows (K = H), B = W13 rows, out act (bf16,
 // grouped order); else A = act rows (K = I), B = W2 rows, out y (bf16, by pair). `slice`: the
 // CTA's running slice count over both phases (the barriers' phases follow it). CTA c starts with
-// tile c; with bf16 weights the producer claims each later one from `tile_counter` (zeroed) as it
-// starts loading the one before, so tiles go out in order as CTAs free up: the pair blocks that
-// share a weight tile run at the same time whatever each tile costs, and no CTA is left with a
-// queue at the end. (MXFP4's tiles all cost the same; its copiers take every gridDim.x-th.)
+// tile c; the producer (bf16 weights) or the first copier (MXFP4) claims each later one from
+// `tile_counter` (zeroed) as it starts loading the one before, so tiles go out in order as CTAs
+// free up: the pair blocks that share a weight tile run at the same time whatever each tile costs,
+// and no CTA is left with a queue at the end.
 // With bf16 weights warpgroups 0 and 1 run the MMAs and epilogues, the first thread of warpgroup 2
 // issues every copy, and its other threads wait at the end; with MXFP4 warpgroups 0 to 2 decode
 // and run the MMAs, and warpgroup 3 copies. (Moving registers from warpgroup 2 to the MMA
@@ -925,7 +941,7 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<k
     if (kUp) fence_async_global();
   } else {
     if constexpr (kFormat != kWeightsBf16) {
-      const int after = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice);
+      const int after = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice, tile_counter);
       if (threadIdx.x == kMoeMxfp4MathThreads) *pipe.slice_after = after;
     } else {
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
