@@ -122,6 +122,27 @@ TEST(Compile, W4a8ForEveryClaimedTarget) {
   EXPECT_EQ(kernels, (std::set<std::string>{"moe.apply.reference", "moe.apply.stream"}));
 }
 
+// The MoE streaming kernel's large-batch build (MXFP4 with experts averaging at least 96 routed
+// pairs: 144-pair GEMM tiles on sm_90a, the streaming phases' sums after the rings elsewhere) is a
+// binary of its own, on the grouped-GEMM target and on one without them.
+TEST(Compile, MoeLargeBatchBuild) {
+  Signature sig = test::moe_signature("mxfp4_prepared", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  Signature large = sig;
+  large.set("large_batch", "1");
+  const auto spec = Registry::global().find("moe.apply.stream");
+  std::vector<std::future<std::string>> jobs;
+  for (const char* target : {"sm_80", "sm_90a"}) {
+    const Platform p = platform_for_target(target);
+    jobs.push_back(std::async(std::launch::async, [spec, sig, large, p]() -> std::string {
+      const auto plain = detail::get_or_compile(detail::build_request(*spec, sig, p));
+      const auto built = detail::get_or_compile(detail::build_request(*spec, large, p));
+      if (!contains(built->result.binary, built->result.lowered_name)) return p.arch + ": entry not in the binary";
+      return built->result.binary == plain->result.binary ? p.arch + ": the same binary as the default build" : "";
+    }));
+  }
+  for (auto& j : jobs) EXPECT_EQ(j.get(), "");
+}
+
 TEST(Compile, SameKeyCompilesOncePerProcess) {
   Signature sig({kFamilyAttention, kModePrefill});
   sig.set("dtype", "f16").set("head_dim", int64_t{96}).set("group", int64_t{2}).set_flag("causal", false);

@@ -537,6 +537,16 @@ TEST(Selector, MoeGroupedGemmTensorMaps) {
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
 }
 
+// Large-batch MoE signatures (MXFP4) compile the kernel's large-batch build; the others do not.
+TEST(Selector, MoeLargeBatchBuild) {
+  const auto spec = Registry::global().find("moe.apply.stream");
+  Signature sig = test::moe_signature("mxfp4_prepared", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "bf16");
+  const Platform sm90a = platform_for_target("sm_90a");
+  EXPECT_TRUE(spec->specialize(sig, sm90a).options.empty());
+  sig.set("large_batch", "1");
+  EXPECT_EQ(spec->specialize(sig, sm90a).options, std::vector<std::string>{"-DKILN_MOE_LARGE_BATCH=1"});
+}
+
 // The MoE kernel's launch gives the grouped-GEMM phases their shared memory only where they run:
 // sm_90a, bf16 weights, H and I in at least three 64-deep slices, at least 16 routed pairs.
 TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
@@ -544,7 +554,7 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   KilnMoeParams p{};
   p.num_tokens = 4, p.top_k = 4, p.num_experts = 128, p.hidden = 2880, p.intermediate = 2880;
   const Platform sm90a = platform_for_target("sm_90a");
-  const uint32_t bf16_rings = 0, mxfp4_rings = KILN_MOE_RING_BYTES;
+  const uint32_t bf16_rings = 0, mxfp4_rings = kiln_moe_ring_bytes(0), mxfp4_gemm = kiln_moe_gemm_mxfp4_shared_bytes(0);
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
   EXPECT_EQ(spec->launch_shape(&p, platform_for_target("sm_90")).dynamic_shared_bytes, bf16_rings);
   EXPECT_EQ(spec->launch_shape(&p, platform_for_target("sm_100a")).dynamic_shared_bytes, bf16_rings);
@@ -575,23 +585,35 @@ TEST(Selector, MoeGroupedGemmPhasesOnlyWhereTheyRun) {
   // MXFP4's grouped GEMMs from KILN_MOE_GEMM_MXFP4_MIN_PAIRS routed pairs (512 tokens at top-4),
   // with MXFP8 activations too.
   p.num_tokens = KILN_MOE_GEMM_MXFP4_MIN_PAIRS / 4;
-  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES});
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_gemm);
   EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, mxfp4_rings);
   p.activations_mxfp8 = 1;
-  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES});
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_gemm);
   p.activations_mxfp8 = 0;
   p.num_tokens -= 1;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
   p.num_tokens += 1, p.top_k = 2;
   EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_rings);
+  // Large batches (experts averaging at least 96 routed pairs) run the build with 144-pair tiles,
+  // boxes of 48 x rows, and the split-tile sums after the rings.
+  p.top_k = 4, p.num_tokens = 96 * 128 / 4 - 1;
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, mxfp4_gemm);
+  p.num_tokens += 1;
+  const uint32_t large_rings = kiln_moe_ring_bytes(1), large_gemm = kiln_moe_gemm_mxfp4_shared_bytes(1);
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).dynamic_shared_bytes, large_gemm);
+  EXPECT_EQ(spec->launch_shape(&p, sm86).dynamic_shared_bytes, large_rings);
   // The MXFP4 rings are smaller than the GEMMs' stages (the kernel tells them apart by size), and
-  // the kernel's static shared memory (26 KB: the expert tables, the local routing lists and the
-  // mma.sync phases' partial sums) fits beside either, the rings also in the 99 KB of sm_86, sm_89
-  // and sm_120.
-  EXPECT_LT(mxfp4_rings, uint32_t{KILN_MOE_GEMM_SHARED_BYTES});
-  EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 27 * 1024, sm90a.shared_memory_per_block);
-  EXPECT_LE(uint32_t{KILN_MOE_GEMM_MXFP4_SHARED_BYTES} + 27 * 1024, sm90a.shared_memory_per_block);
-  EXPECT_LE(mxfp4_rings + 27 * 1024, uint32_t{99 * 1024});
+  // the kernel's static shared memory fits beside either: 26 KB with bf16 weights (the expert
+  // tables, the local routing lists and the mma.sync phases' partial sums), 30 KB with MXFP4, 14
+  // KB in the large-batch build (whose partial sums follow the rings), the rings also in the 99 KB
+  // of sm_86, sm_89 and sm_120.
+  EXPECT_LT(mxfp4_rings, mxfp4_gemm);
+  EXPECT_LT(large_rings, large_gemm);
+  EXPECT_LE(uint32_t{KILN_MOE_GEMM_SHARED_BYTES} + 26 * 1024, sm90a.shared_memory_per_block);
+  EXPECT_LE(mxfp4_gemm + 30 * 1024, sm90a.shared_memory_per_block);
+  EXPECT_LE(large_gemm + 14 * 1024, sm90a.shared_memory_per_block);
+  EXPECT_LE(mxfp4_rings + 30 * 1024, uint32_t{99 * 1024});
+  EXPECT_LE(large_rings + 14 * 1024, uint32_t{99 * 1024});
 }
 
 // wgmma exists on sm_90a only: Hopper prefill runs the warp-specialized wgmma kernel, every other

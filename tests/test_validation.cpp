@@ -665,5 +665,21 @@ TEST(Validation, SignatureKeysAreWhatSignatureOfProduces) {
   expect_keys_match(signature_of(valid_moe_mxfp4_prepared()));
 }
 
+// MXFP4 calls whose experts average at least 96 routed pairs carry large_batch=1 (their kernel
+// build differs); smaller batches and bf16 weights keep the signatures they had.
+TEST(Validation, MoeLargeBatchSignature) {
+  MoeArgs a = valid_moe_mxfp4();  // 8 experts, top-2: from 384 tokens
+  a.x.shape[0] = 383;
+  EXPECT_FALSE(signature_of(a).has("large_batch"));
+  a.x.shape[0] = 384;
+  EXPECT_EQ(signature_of(a).get("large_batch"), "1");
+  expect_keys_match(signature_of(a));
+  a.w13.dtype = a.w2.dtype = DType::kF4E2M1x2Prepared;
+  EXPECT_EQ(signature_of(a).get("large_batch"), "1");
+  MoeArgs bf16 = valid_moe();
+  bf16.x.shape[0] = 4096;
+  EXPECT_FALSE(signature_of(bf16).has("large_batch"));
+}
+
 }  // namespace
 }  // namespace kiln

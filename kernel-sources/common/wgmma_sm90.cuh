@@ -101,6 +101,9 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
 #define KILN_WGMMA_RS_A_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
+#define KILN_WGMMA_D_144 "{" KILN_WGMMA_REGS_144 "}"
+#define KILN_WGMMA_RS_A_144 ", {%72, %73, %74, %75}, %76, p, 1, 1, "
+#define KILN_WGMMA_RS_PRED_144 "setp.ne.b32 p, %77, 0;\n"
 #define KILN_WGMMA_D_176 "{" KILN_WGMMA_REGS_176 "}"
 #define KILN_WGMMA_SS_TAIL_176 ", %88, %89, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_176 "setp.ne.b32 p, %90, 0;\n"
@@ -153,6 +156,7 @@ KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 64)  // the MoE grouped GEMMs with MXFP4 weights
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 128)
+KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 144)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs

@@ -21,8 +21,8 @@
 // Device-resident topk_ids outside [0, E) contribute nothing (the host cannot check them).
 // Launch: grid (SMs), block 32 kiln_moe_stream_warps(mxfp4), cooperative, workspace kiln_moe_stream_workspace(T, k, E, H, I);
 // dynamic shared memory KILN_MOE_GEMM_SHARED_BYTES selects the GEMM phases (with MXFP4 weights,
-// KILN_MOE_GEMM_MXFP4_SHARED_BYTES and kiln_moe_mxfp4_gemm_pays),
-// KILN_MOE_RING_BYTES the streaming ones with MXFP4 weights.
+// kiln_moe_gemm_mxfp4_shared_bytes and kiln_moe_mxfp4_gemm_pays),
+// kiln_moe_ring_bytes the streaming ones with MXFP4 weights.
 #pragma once
 
 #include "common/atomics.cuh"
@@ -39,8 +39,6 @@
 #endif
 
 namespace kiln {
-
-enum { kMoeGemmRows = KILN_MOE_GEMM_ROWS };
 
 // Every expert's (token, slot) pairs in the workspace's list in pair order, a warp per expert
 // reading all the routed ids 32 at a time: the same list, and so the same bits out, on every call
@@ -481,7 +479,10 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   __shared__ int pair_start[kMoeStreamMaxExperts + 1];   // first grouped pair of each expert
   __shared__ int chunk_start[kMoeStreamMaxExperts + 1];  // first chunk of each expert
   __shared__ MoeChunk chunk_table[kMoeChunkTable];       // each chunk, up to kMoeChunkTable chunks
-  __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first 128-pair GEMM tile row of each expert
+  __shared__ int mtile_start[kMoeStreamMaxExperts + 1];  // first GEMM tile row (kGemmRows pairs) of each expert
+  constexpr int kGemmRows = kFormat == kWeightsBf16 ? KILN_MOE_GEMM_ROWS : kiln_moe_mxfp4_rows(KILN_MOE_LARGE_BATCH);
+  // The large-batch build keeps the streaming phases' split-tile sums after the rings.
+  constexpr bool kPartialsAfterRings = kFormat != kWeightsBf16 && KILN_MOE_LARGE_BATCH;
   const KilnMoeStreamWorkspace layout = kiln_moe_stream_workspace(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.intermediate);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
   int* gemm_counters = reinterpret_cast<int*>(ws + layout.gemm_counters);
@@ -504,9 +505,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
   bool tensor_cores = false;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  tensor_cores = kFormat == kWeightsBf16
-                     ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
-                     : kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) && dynamic_bytes >= KILN_MOE_GEMM_MXFP4_SHARED_BYTES;
+  tensor_cores = kFormat == kWeightsBf16 ? dynamic_bytes >= KILN_MOE_GEMM_SHARED_BYTES
+                                         : kiln_moe_mxfp4_gemm_pays(p.num_tokens, p.top_k) &&
+                                               dynamic_bytes >= kiln_moe_gemm_mxfp4_shared_bytes(KILN_MOE_LARGE_BATCH);
 #endif
   // Local routing: with at most a token per warp and the streaming phases, every CTA routes every
   // token itself and keeps ids, weights, counts and the grouped pair list in its own shared
@@ -536,9 +537,12 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       route_token_warp<kRouting, kLogitsBf16>(p, t, lane, route_ids, route_weights, route_counts, local);
     }
   }
-  // Dynamic shared memory: the grouped GEMMs' stages, or the MXFP4 rings, then (local) x.
+  // Dynamic shared memory: the grouped GEMMs' stages, or the MXFP4 rings and split-tile sums, then
+  // (local) x.
   extern __shared__ __align__(16) unsigned char moe_dynamic[];
-  bf16* x_local = reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kWarps * kMoeRingStages * kMoeRingStageBytes);
+  constexpr int kRingsBytes = kWarps * kMoeRingStages * kMoeRingStageBytes;
+  bf16* x_local =
+      reinterpret_cast<bf16*>(align_shared<128>(moe_dynamic) + kRingsBytes + (kPartialsAfterRings ? KILN_MOE_PARTIALS_BYTES : 0));
   if (kFormat != kWeightsBf16 && !tensor_cores) {  // this CTA's copy (local) or the workspace's, by the whole grid
     bf16* x_ordered = local ? x_local : x_reordered;
     // A thread copies 8 values, or with W4A8 a block of 32, quantized here once rather than by every
@@ -591,7 +595,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       n[i] = e >= experts ? 0 : local ? local_counts[e] : *reinterpret_cast<volatile int*>(&counts[e]);
       lane_pairs += n[i];
       lane_chunks += (n[i] + kMoeStreamChunk - 1) / kMoeStreamChunk;
-      lane_mtiles += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
+      lane_mtiles += (n[i] + kGemmRows - 1) / kGemmRows;
     }
     int pairs_through = lane_pairs, chunks_through = lane_chunks, mtiles_through = lane_mtiles;  // inclusive scan over lanes
 #pragma unroll
@@ -618,7 +622,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       if (listed) list_chunks(chunk_table, chunk_at, e, pair_at, n[i]);
       pair_at += n[i];
       chunk_at += chunks;
-      mtile_at += (n[i] + kMoeGemmRows - 1) / kMoeGemmRows;
+      mtile_at += (n[i] + kGemmRows - 1) / kGemmRows;
     }
     if (lane == kWarp - 1) {
       pair_start[experts] = pairs_through;
@@ -658,13 +662,19 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
 #endif
   }
 
-  // The streaming phases' split-tile sums; the grouped GEMMs' epilogues stage their 16-byte
-  // stores (1 KB per math warp) and their bf16 biases (512 bytes) here.
-  __shared__ __align__(128) float partials[2][kWarps][kWarp][4];
+  // The streaming phases' split-tile sums: in static shared memory, where the bf16 grouped GEMMs'
+  // epilogues also stage their 16-byte stores (1 KB per math warp) and their bf16 biases (512
+  // bytes); in the large-batch build with MXFP4 weights after the rings, so that its GEMMs' stages
+  // (whose epilogues stage nothing) have the 16 KB.
+  using Partials = float[2][kWarps][kWarp][4];
+  static_assert(sizeof(Partials) == KILN_MOE_PARTIALS_BYTES || kFormat == kWeightsBf16, "moe/stream_workspace.h sizes the sums");
+  __shared__ __align__(128) float partials_static[kPartialsAfterRings ? 1 : sizeof(Partials) / sizeof(float)];
+  Partials& partials = *reinterpret_cast<Partials*>(kPartialsAfterRings ? align_shared<128>(moe_dynamic) + kRingsBytes
+                                                                        : reinterpret_cast<unsigned char*>(partials_static));
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (tensor_cores) {
-    static_assert(sizeof(partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes),
-                  "the GEMM epilogues' staging fits in partials");
+    static_assert(kFormat != kWeightsBf16 || sizeof(Partials) >= kMoeMathThreads / kWarp * (kMoeStagingBytes + kMoeBiasStagingBytes),
+                  "the bf16 GEMM epilogues' staging fits in partials");
     using Pipe = MoeGemmPipelineOf<kFormat>;
     __shared__ __align__(8) unsigned long long gemm_barriers[3 * Pipe::kStages];
     __shared__ int tile_of_stage[Pipe::kStages];

@@ -17,8 +17,9 @@
 // stages and the operands swapped (moe_gemm_tile_mxfp4): tiles of 192 weight rows (64 a math
 // warpgroup), decoded from the stage into the register A operand of m64n128k16 (within 128
 // registers a thread; each slice's decode runs under the previous slice's MMAs), against the
-// routed pairs' rows as B; warpgroup 3 copies the weights as
-// stored by cp.async and the x or act rows by TMA (moe_gemm_copy_mxfp4).
+// routed pairs' rows as B; warpgroup 3 copies the weights as stored by cp.async and the x or act
+// rows by TMA (moe_gemm_copy_mxfp4). Large batches (stream_workspace.h) run a build whose tiles
+// hold up to 144 pairs (m64n144k16), decoded half a slice at a time.
 //   up    act[slot][u] = activation(gate, up) + biases, bf16, for intermediate units u and grouped
 //         slots. Interleaved weights: tile column q is gate (q even) or up (q odd) of unit
 //         (n0 + q) / 2. Concatenated: a warpgroup's columns are the gate rows of its units, then
@@ -42,17 +43,19 @@
 namespace kiln {
 
 enum {
-  kMoeTileM = KILN_MOE_GEMM_ROWS,  // routed pairs per tile
-  kMoeTileN = 256,                 // output columns per tile (bf16 weights)
-  kMoeMxfp4TileN = 192,            // ... with MXFP4 weights (weight rows, 64 a math warpgroup)
-  kMoeTileK = 64,                  // one 128-byte swizzle atom of 16-bit values
-  kMoeStages = 4,                  // with bf16 weights
+  kMoeTileM = KILN_MOE_GEMM_ROWS,                              // routed pairs per tile (bf16 weights)
+  kMoeMxfp4TileM = kiln_moe_mxfp4_rows(KILN_MOE_LARGE_BATCH),  // ... with MXFP4 weights (128 or 144)
+  kMoeTileN = 256,                                             // output columns per tile (bf16 weights)
+  kMoeMxfp4TileN = 192,                                        // ... with MXFP4 weights (weight rows, 64 a math warpgroup)
+  kMoeTileK = 64,                                              // one 128-byte swizzle atom of 16-bit values
+  kMoeStages = 4,                                              // with bf16 weights
   kMoeStageBytes = (kMoeTileM + kMoeTileN) * kMoeTileK * 2,
-  // MXFP4: a stage holds a slice's 128 x or act rows (bf16, 128-byte swizzle), then its 192 weight
-  // rows as stored (32 bytes each), then the 4-byte scale word of each 16-byte copy (padded to a
-  // swizzle atom).
+  // MXFP4: a stage holds a slice's 128 x or act rows (bf16, 128-byte swizzle, in TMA boxes of 64
+  // rows; 144 rows in boxes of 48 in the large-batch build), then its 192 weight rows as stored
+  // (32 bytes each), then the 4-byte scale word of each 16-byte copy (padded to a swizzle atom).
   kMoeMxfp4Stages = 8,
-  kMoeMxfp4XBytes = kMoeTileM * kMoeTileK * 2,
+  kMoeMxfp4XBoxRows = kiln_moe_mxfp4_box_rows(KILN_MOE_LARGE_BATCH),
+  kMoeMxfp4XBytes = kMoeMxfp4TileM * kMoeTileK * 2,
   kMoeMxfp4RawBytes = kMoeMxfp4TileN * kMoeTileK / 2,
   kMoeMxfp4Copies = kMoeMxfp4TileN * 2,  // 16-byte weight copies a slice: two halves a row
   kMoeMxfp4StageBytes = kMoeMxfp4XBytes + kMoeMxfp4RawBytes + (kMoeMxfp4Copies * 4 + 1023) / 1024 * 1024,
@@ -69,8 +72,11 @@ enum {
 };
 static_assert(kiln_moe_stream_warps(0) == 12, "three warpgroups run the bf16 kernel");
 static_assert(kMoeStages * kMoeStageBytes + 1024 == KILN_MOE_GEMM_SHARED_BYTES, "moe/stream_workspace.h sizes these stages");
-static_assert(kMoeMxfp4Stages * kMoeMxfp4StageBytes + 1024 == KILN_MOE_GEMM_MXFP4_SHARED_BYTES, "... and the MXFP4 ones");
+static_assert(kMoeMxfp4Stages * kMoeMxfp4StageBytes + 1024 == kiln_moe_gemm_mxfp4_shared_bytes(KILN_MOE_LARGE_BATCH),
+              "... and the MXFP4 ones");
 static_assert(kMoeMxfp4StageBytes % 1024 == 0, "every stage's x rows start on a swizzle atom");
+static_assert(kMoeMxfp4TileM % kMoeMxfp4XBoxRows == 0 && kMoeMxfp4XBoxRows % 8 == 0,
+              "whole boxes of whole swizzle atoms fill a stage's x rows");
 static_assert(kiln_moe_stream_warps(1) * 32 == kMoeMxfp4MathThreads + kMoeCopierThreads, "MXFP4: three math warpgroups, one copier");
 static_assert(kMoeMxfp4TileN == 64 * (kMoeMxfp4MathThreads / 128), "MXFP4: 64 weight rows a math warpgroup");
 static_assert(kMoeMxfp4Copies % kMoeCopierThreads == 0, "every copier makes the same copies");
@@ -101,15 +107,16 @@ struct MoeGemmTile {
   int expert, first, count, n0;
 };
 
-// Tile `tile` of the order (expert, column block, pair block) with pair blocks fastest.
+// Tile `tile` of the order (expert, column block, pair block) with pair blocks fastest, pair
+// blocks of tile_m pairs.
 __device__ __forceinline__ MoeGemmTile find_gemm_tile(const int* mtile_start, const int* pair_start, int experts, int n_tiles, int tile,
-                                                      int tile_n) {
+                                                      int tile_m, int tile_n) {
   const int e = find_expert(mtile_start, experts, tile, n_tiles);
   const int m_tiles = mtile_start[e + 1] - mtile_start[e], local = tile - mtile_start[e] * n_tiles;
   MoeGemmTile t;
   t.expert = e;
-  t.first = pair_start[e] + (local % m_tiles) * kMoeTileM;
-  t.count = min(kMoeTileM, pair_start[e + 1] - t.first);
+  t.first = pair_start[e] + (local % m_tiles) * tile_m;
+  t.count = min(tile_m, pair_start[e + 1] - t.first);
   t.n0 = (local / m_tiles) * tile_n;
   return t;
 }
@@ -127,7 +134,7 @@ struct MoeGemmShape {
     k_steps = (kUp ? p.hidden : p.intermediate) / kMoeTileK;
   }
   __device__ MoeGemmTile tile(const KilnMoeParams& p, int index) const {
-    return find_gemm_tile(mtile_start, pair_start, p.num_experts, n_tiles, index, kTileN);
+    return find_gemm_tile(mtile_start, pair_start, p.num_experts, n_tiles, index, kTileN == kMoeTileN ? kMoeTileM : kMoeMxfp4TileM, kTileN);
   }
 };
 
@@ -695,10 +702,10 @@ __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const
       if (end) {
         mbarrier_arrive(full);
       } else {
-        const bool two_x = at.t.count > 64;
-        mbarrier_arrive_expect_tx(full, (two_x ? 128 : 64) * kMoeTileK * 2);
-        tma_load_2d(stage, x_map, full, at.ks * kMoeTileK, at.t.first);
-        if (two_x) tma_load_2d(stage + 64 * 128, x_map, full, at.ks * kMoeTileK, at.t.first + 64);
+        const int boxes = (at.t.count + kMoeMxfp4XBoxRows - 1) / kMoeMxfp4XBoxRows;
+        mbarrier_arrive_expect_tx(full, boxes * kMoeMxfp4XBoxRows * kMoeTileK * 2);
+        for (int box = 0; box < boxes; ++box)
+          tma_load_2d(stage + box * kMoeMxfp4XBoxRows * 128, x_map, full, at.ks * kMoeTileK, at.t.first + box * kMoeMxfp4XBoxRows);
       }
     }
     if (end) {
@@ -767,6 +774,39 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
   }
 }
 
+// Half `half` of a slice's A fragments of a math thread (k steps 2 half and 2 half + 1): its rows g
+// and g + 8 (tile rows row[0] and row[1] of the stage's raw weights), values 16 c + 8 half .. + 7 of
+// each (one word a row) times their scales (the word at copy 2 row + c / 2's scale slot, byte
+// `scale_shift`), as bf16 pairs in fragment order: pair v of a word holds values v and v + 4. Each
+// half reads its words and scales itself: kept from one half to the next, they made ptxas spill.
+template <int kFormat>
+__device__ __forceinline__ void moe_gemm_mxfp4_half_fragments(unsigned raw, const int (&row)[2], int c, int half,
+                                                              const unsigned (&scale_shift)[2], u32 (&a)[2][4]) {
+  u32 words[2], bits[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(words[i]) : "r"(raw + mxfp4_raw_offset(row[i], c >> 1) + 8 * (c & 1) + 4 * half));
+    u32 scale_word;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(raw + kMoeMxfp4RawBytes + 4 * (2 * row[i] + (c >> 1))));
+    bits[i] = (scale_word >> scale_shift[i]) & 0xFFu;
+  }
+  u32 pairs[2][4];
+  if (__any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u)) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) mxfp4_word_to_bf16x2<kFormat, true>(words[i], mxfp4_scale_bf16x2<true>(bits[i]), pairs[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) mxfp4_word_to_bf16x2<kFormat, false>(words[i], mxfp4_scale_bf16x2<false>(bits[i]), pairs[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    a[j][0] = pairs[0][2 * j];
+    a[j][1] = pairs[1][2 * j];
+    a[j][2] = pairs[0][2 * j + 1];
+    a[j][3] = pairs[1][2 * j + 1];
+  }
+}
+
 // One MXFP4 tile by one math warpgroup, whose first slice's stage is full (`slice` is advanced
 // past the tile), with the operands swapped: D [192 weight rows, kN pairs] = W x^T, the decoded
 // weights the register A operand of m64nNk16 (no shared-memory copy of them, no proxy fence) and
@@ -778,8 +818,8 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
 template <int kN, bool kUp, int kFormat, int kActivation, int kLayout, int kBias13, int kBias2, class Pipe>
 __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, const MoeGemmShape<kUp, kMoeMxfp4TileN>& s, const Pipe& pipe,
                                                     const MoeGemmTile& t, int& slice, int warpgroup, bf16* act, bf16* y,
-                                                    float (&acc128)[kMoeTileM / 8][4]) {
-  float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc128[0][0]);
+                                                    float (&acc_all)[kMoeMxfp4TileM / 8][4]) {
+  float(&acc)[kN / 8][4] = *reinterpret_cast<float(*)[kN / 8][4]>(&acc_all[0][0]);
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   constexpr bool kConcat = kUp && kLayout != kGateUpInterleaved;
   const int unit_local = 32 * warpgroup + 8 * warp + g;  // up: this thread's unit of the tile's 96
@@ -809,36 +849,88 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     }
     return;
   }
-  const auto decode = [&](int ks, u32(&a)[kMoeTileK / 16][4]) {
-    const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
-    moe_gemm_mxfp4_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, scale_shift, a);
-  };
   // The x or act rows' descriptors: stage 0's plus whole stages and 32-byte K steps, in the
   // address field's 16-byte units (shared addresses stay below its 256 KB reach).
   const unsigned long long x_descriptor = wgmma_descriptor(pipe.stage(0), 16, 1024);
-  // Slice ks's MMAs from `now` while slice ks + 1 is decoded into `next` (the caller has waited
-  // for slice ks's stage; slice ks + 1's is waited here), then the stage is released. No branch
-  // may separate the MMAs from the decode: ptxas would serialize the wgmmas.
-  const auto step = [&](int ks, const u32(&now)[kMoeTileK / 16][4], u32(&next)[kMoeTileK / 16][4]) {
-    const unsigned long long descriptor = x_descriptor + Pipe::index(slice) * (kMoeMxfp4StageBytes >> 4);
-    wgmma_fence();
+  if constexpr (kMoeMxfp4TileM <= 128) {
+    // A whole slice decoded ahead: fewer waits a slice than by halves (7% at T = 1024 and 2048 on an
+    // H200, bench/RESULTS.md).
+    const auto decode = [&](int ks, u32(&a)[kMoeTileK / 16][4]) {
+      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+      moe_gemm_mxfp4_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, scale_shift, a);
+    };
+    // Slice ks's MMAs from `now` while slice ks + 1 is decoded into `next` (the caller has waited
+    // for slice ks's stage; slice ks + 1's is waited here), then the stage is released. No branch
+    // may separate the MMAs from the decode: ptxas would serialize the wgmmas.
+    const auto step = [&](int ks, const u32(&now)[kMoeTileK / 16][4], u32(&next)[kMoeTileK / 16][4]) {
+      const unsigned long long descriptor = x_descriptor + Pipe::index(slice) * (kMoeMxfp4StageBytes >> 4);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kMoeTileK / 16; ++kk) wgmma_rs_k_major<bf16, kN>(acc, now[kk], descriptor + 2 * kk, ks > 0 || kk > 0);
-    wgmma_commit();
-    ++slice;
-    if (ks + 1 < s.k_steps) {
-      mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
-      decode(ks + 1, next);
+      for (int kk = 0; kk < kMoeTileK / 16; ++kk) wgmma_rs_k_major<bf16, kN>(acc, now[kk], descriptor + 2 * kk, ks > 0 || kk > 0);
+      wgmma_commit();
+      ++slice;
+      if (ks + 1 < s.k_steps) {
+        mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
+        decode(ks + 1, next);
+      }
+      wgmma_wait<0>();  // `now` is rewritten two slices on
+      mbarrier_arrive(pipe.empty_barrier(slice - 1));
+    };
+    // Two fragment sets, named, not indexed, so they stay in registers.
+    u32 a0[kMoeTileK / 16][4], a1[kMoeTileK / 16][4];
+    decode(0, a0);
+    for (int ks = 0; ks < s.k_steps; ks += 2) {
+      step(ks, a0, a1);
+      if (ks + 1 < s.k_steps) step(ks + 1, a1, a0);
     }
-    wgmma_wait<0>();  // `now` is rewritten two slices on
+  } else {
+    // The large-batch build: its 144-pair accumulators leave room for three half-slice fragment
+    // sets only (two whole slices' spilled; so did the whole-slice decode inlined beside it for
+    // the smaller tiles, and out of line, ptxas serialized every wgmma).
+    // Half `half` of slice ks (whose stage is `slice`'s) into fragments `a`.
+    const auto decode = [&](int ks, int half, u32(&a)[2][4]) {
+      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+      moe_gemm_mxfp4_half_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, half, scale_shift, a);
+    };
+    // Slice ks's MMAs from its two halves' fragments `lo` and `hi`, committed as two groups, while
+    // slice ks + 1 is decoded (the caller has waited for slice ks's stage; slice ks + 1's is waited
+    // here): its first half into `spare` once the group before these two (slice ks - 1's second half,
+    // which read `spare`) is done, its second into `lo` once the first group is done. Slice ks's
+    // second group is left in flight across the next slice's issue, so the tensor cores always hold
+    // this warpgroup's next MMAs while it decodes; stage ks - 1 is released once its last group is
+    // done. Three half-slice sets (24 registers, not two whole slices' 32) leave room for 144-pair
+    // accumulators. No branch may separate the MMAs from the decode: ptxas would serialize the wgmmas.
+    const auto step = [&](int ks, u32(&lo)[2][4], const u32(&hi)[2][4], u32(&spare)[2][4]) {
+      const unsigned long long descriptor = x_descriptor + Pipe::index(slice) * (kMoeMxfp4StageBytes >> 4);
+      wgmma_fence();
+      wgmma_rs_k_major<bf16, kN>(acc, lo[0], descriptor, ks > 0);
+      wgmma_rs_k_major<bf16, kN>(acc, lo[1], descriptor + 2, 1);
+      wgmma_commit();
+      wgmma_rs_k_major<bf16, kN>(acc, hi[0], descriptor + 4, 1);
+      wgmma_rs_k_major<bf16, kN>(acc, hi[1], descriptor + 6, 1);
+      wgmma_commit();
+      ++slice;
+      wgmma_wait<2>();  // slice ks - 1 is done: `spare` is free
+      if (ks > 0) mbarrier_arrive(pipe.empty_barrier(slice - 2));
+      const bool more = ks + 1 < s.k_steps;
+      if (more) {
+        mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
+        decode(ks + 1, 0, spare);
+      }
+      wgmma_wait<1>();  // `lo` is free
+      if (more) decode(ks + 1, 1, lo);
+    };
+    // The three sets, named, not indexed, so they stay in registers; their roles rotate every slice.
+    u32 f0[2][4], f1[2][4], f2[2][4];
+    decode(0, 0, f0);
+    decode(0, 1, f1);
+    for (int ks = 0; ks < s.k_steps; ks += 3) {
+      step(ks, f0, f1, f2);
+      if (ks + 1 < s.k_steps) step(ks + 1, f2, f0, f1);
+      if (ks + 2 < s.k_steps) step(ks + 2, f1, f2, f0);
+    }
+    wgmma_wait<0>();
     mbarrier_arrive(pipe.empty_barrier(slice - 1));
-  };
-  // Two fragment sets, named, not indexed, so they stay in registers.
-  u32 a0[kMoeTileK / 16][4], a1[kMoeTileK / 16][4];
-  decode(0, a0);
-  for (int ks = 0; ks < s.k_steps; ks += 2) {
-    step(ks, a0, a1);
-    if (ks + 1 < s.k_steps) step(ks + 1, a1, a0);
   }
   wgmma_fence_operands(acc);
   if (kUp) {
@@ -887,8 +979,9 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
                                                  unsigned staging) {
   using Pipe = MoeGemmPipelineOf<kFormat>;
   constexpr int kTileN = MoeGemmTileN<kFormat>::value;
-  // A math thread's accumulators: m64n256 with bf16 weights, up to 128 pairs with MXFP4.
-  float acc[(kTileN == kMoeMxfp4TileN ? kMoeTileM : kTileN) / 8][4];
+  // A math thread's accumulators, in which every tile shape accumulates (ptxas spilled kilobytes
+  // with an array per shape): m64n256 with bf16 weights, up to kMoeMxfp4TileM pairs with MXFP4.
+  float acc[(kTileN == kMoeMxfp4TileN ? kMoeMxfp4TileM : kTileN) / 8][4];
   for (;;) {
     // `told` completes once per slice; it cannot run a phase ahead of this wait, since the stage
     // is refilled only after this slice is released.
@@ -905,8 +998,10 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     if constexpr (kTileN == kMoeMxfp4TileN) {
       if (t.count <= 64)
         moe_gemm_tile_mxfp4<64, kUp, kFormat, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
-      else
+      else if (kMoeMxfp4TileM <= 128 || t.count <= 128)
         moe_gemm_tile_mxfp4<128, kUp, kFormat, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
+      else if constexpr (kMoeMxfp4TileM > 128)
+        moe_gemm_tile_mxfp4<144, kUp, kFormat, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, acc);
     } else {
       if (t.count <= 64)
         moe_gemm_tile<128, false, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, t, slice, warpgroup, act, y, staging, acc);

@@ -7,7 +7,7 @@
 #include "common/tensor_map.h"
 
 // The grouped-GEMM phases' operands (moe/apply_stream_gemm_sm90.cuh), in KilnMoeParams::tensor_maps.
-// A rows come in boxes of 64, weight rows in boxes of 256, or of 32 for W13 with gate and up
+// A rows come in boxes of 64 (48 in the MXFP4 large-batch build), weight rows in boxes of 256, or of 32 for W13 with gate and up
 // concatenated (whose copies interleave them by warpgroup).
 enum { kMoeMapXGrouped = 0, kMoeMapW13 = 1, kMoeMapW13By32 = 2, kMoeMapAct = 3, kMoeMapW2 = 4, kMoeTensorMaps = 5 };
 

@@ -26,10 +26,28 @@
 
 #include "common/host_device.h"
 
-// The grouped-GEMM phases (moe/apply_stream_gemm_sm90.cuh, sm_90a only): routed pairs per tile, and the
-// dynamic shared memory whose presence at launch selects them (four stages of (128 + 256) x 64
-// bf16, plus 1 KB to align the swizzle atoms). They write act and y as bf16 into their regions.
+// Large batches: calls whose experts average at least 96 routed pairs (T x top_k >= 96 E; from
+// T = 3072 in GPT-OSS's layer), the signature's `large_batch`. Their kernel is built with
+// KILN_MOE_LARGE_BATCH=1 (src/kernels/moe_apply_stream.cpp), whose MXFP4 tiles hold 144 pairs, so
+// that experts of about 128 pairs fit one tile, not two (one nearly empty); the other calls'
+// build keeps 128-pair tiles, which decode a whole slice ahead (the 144-pair ones' accumulators
+// leave registers for half slices only) and keep the streaming phases' sums in static shared
+// memory (bench/RESULTS.md, 2026-11-29 (fourth)).
+KILN_HOST_DEVICE inline int kiln_moe_large_batch(long long tokens, long long top_k, long long experts) {
+  return tokens * top_k >= 96 * experts;
+}
+#ifndef KILN_MOE_LARGE_BATCH
+#define KILN_MOE_LARGE_BATCH 0
+#endif
+
+// The grouped-GEMM phases (moe/apply_stream_gemm_sm90.cuh, sm_90a only): routed pairs per tile
+// (with bf16 weights, and with MXFP4 in each build), and the dynamic shared memory whose presence
+// at launch selects them (four stages of (128 + 256) x 64 bf16, plus 1 KB to align the swizzle
+// atoms). They write act and y as bf16 into their regions.
 #define KILN_MOE_GEMM_ROWS 128
+KILN_HOST_DEVICE inline constexpr int kiln_moe_mxfp4_rows(int large_batch) { return large_batch ? 144 : KILN_MOE_GEMM_ROWS; }
+// The MXFP4 tiles' x and act rows come in TMA boxes of these (whole boxes fill a tile).
+KILN_HOST_DEVICE inline constexpr int kiln_moe_mxfp4_box_rows(int large_batch) { return large_batch ? 48 : 64; }
 // Warps per CTA: 16 with MXFP4 weights; 12 with bf16, whose grouped GEMMs run two warpgroups of
 // m64n256 MMAs (128 accumulators a thread, more than a 512-thread CTA's 128 registers allow) and
 // a third that issues the copies.
@@ -37,17 +55,24 @@ KILN_HOST_DEVICE inline constexpr int kiln_moe_stream_warps(int mxfp4) { return 
 #define KILN_MOE_GEMM_SHARED_BYTES (4 * (128 + 256) * 64 * 2 + 1024)
 // With MXFP4 weights (standard or prepared) the grouped GEMMs run in the 16-warp CTA with the
 // operands swapped: 192 weight rows a tile, decoded in the math threads' registers into wgmma's A
-// operand, against up to 128 routed pairs' rows. Eight stages, each a slice's 128 x 64 bf16 x or
-// act rows, the 192 weight rows' 32 bytes as stored and 384 scale words (in 2 KB); warpgroup 3
-// copies them. They take over from this many routed pairs (kiln_moe_mxfp4_gemm_pays).
-#define KILN_MOE_GEMM_MXFP4_SHARED_BYTES (8 * (128 * 64 * 2 + 192 * 32 + 2048) + 1024)
+// operand, against up to 128 or 144 routed pairs' rows. Eight stages, each a slice's 128 or 144 x
+// 64 bf16 x or act rows, the 192 weight rows' 32 bytes as stored and 384 scale words (in 2 KB);
+// warpgroup 3 copies them. They take over from this many routed pairs (kiln_moe_mxfp4_gemm_pays).
+KILN_HOST_DEVICE inline constexpr int kiln_moe_gemm_mxfp4_shared_bytes(int large_batch) {
+  return 8 * (kiln_moe_mxfp4_rows(large_batch) * 64 * 2 + 192 * 32 + 2048) + 1024;
+}
 #define KILN_MOE_GEMM_MXFP4_MIN_PAIRS 2048
 // The streaming phases' dynamic shared memory with MXFP4 weights: per warp (16) a ring of stages
-// of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh), and
-// 128 bytes to align the rings: 60 KB, which beside the 27 KB of static shared memory fits the
-// 99 KB of sm_86, sm_89 and sm_120 (four stages would not).
+// of 32 lanes x 2 x 16 bytes of weight rows plus 32 x 8 bytes of scale words (apply_stream.cuh),
+// in the large-batch build then the split-tile sums (16 KB, kept out of its static shared memory
+// so that its grouped GEMMs' eight stages of 144 rows fit), and 128 bytes to align the rings:
+// 60 KB, or 76 KB, which beside the 30 KB, or 14 KB, of static shared memory fits the 99 KB of
+// sm_86, sm_89 and sm_120 (four ring stages would not).
 #define KILN_MOE_RING_STAGES 3
-#define KILN_MOE_RING_BYTES (16 * KILN_MOE_RING_STAGES * (1024 + 256) + 128)
+#define KILN_MOE_PARTIALS_BYTES (2 * 16 * 32 * 4 * 4)  // the streaming phases' split-tile sums
+KILN_HOST_DEVICE inline constexpr int kiln_moe_ring_bytes(int large_batch) {
+  return 16 * KILN_MOE_RING_STAGES * (1024 + 256) + (large_batch ? KILN_MOE_PARTIALS_BYTES : 0) + 128;
+}
 // Up to this many tokens every CTA routes all tokens itself (its shared routing lists hold them).
 // With MXFP4 weights it also keeps x, in the MXFP4 k order, in shared memory after the rings: the
 // launch adds kiln_moe_local_x_bytes when the GPU has room for them (src/kernels/moe_apply_stream.cpp),
@@ -66,10 +91,10 @@ KILN_HOST_DEVICE inline int kiln_moe_mxfp4_gemm_pays(long long tokens, long long
 // phases (not the grouped GEMMs), and with MXFP4 weights a launch whose dynamic shared memory holds
 // x after the rings. The kernel decides by it, and so does its registration, which then clears no
 // workspace before the launch.
-KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm,
+KILN_HOST_DEVICE inline int kiln_moe_routes_locally(long long tokens, long long hidden, int mxfp4, int grouped_gemm, int large_batch,
                                                     long long dynamic_bytes) {
   if (tokens > KILN_MOE_LOCAL_MAX_TOKENS || grouped_gemm) return 0;
-  return !mxfp4 || dynamic_bytes >= KILN_MOE_RING_BYTES + kiln_moe_local_x_bytes(tokens, hidden);
+  return !mxfp4 || dynamic_bytes >= kiln_moe_ring_bytes(large_batch) + kiln_moe_local_x_bytes(tokens, hidden);
 }
 
 struct KilnMoeStreamWorkspace {

@@ -16,7 +16,7 @@ namespace kiln::detail {
 // builds strings; the Signature is built only on a miss.
 struct CallKey {
   const void* op = nullptr;  // which operator: the address of its signature table
-  std::array<int64_t, 14> fields{};
+  std::array<int64_t, 15> fields{};
   bool operator==(const CallKey&) const = default;
 };
 

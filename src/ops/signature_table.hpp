@@ -131,6 +131,6 @@ const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table();
 const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table();
 const SignatureTable<MhaExtendArgs, 10>& extend_signature_table();
 const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table();
-const SignatureTable<MoeArgs, 14>& moe_signature_table();
+const SignatureTable<MoeArgs, 15>& moe_signature_table();
 
 }  // namespace kiln::detail

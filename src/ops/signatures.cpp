@@ -4,6 +4,7 @@
 
 #include "kiln/author.hpp"
 #include "kiln/error.hpp"
+#include "moe/stream_workspace.h"
 #include "ops/signature_table.hpp"
 
 namespace kiln {
@@ -96,7 +97,7 @@ const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table() {
   return table;
 }
 
-const SignatureTable<MoeArgs, 14>& moe_signature_table() {
+const SignatureTable<MoeArgs, 15>& moe_signature_table() {
   static const auto table = signature_table<MoeArgs>(
       {kFamilyMoe, kModeApply}, Moe{"dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.x.dtype); }, dtype_text},
       Moe{"weights", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.w13.dtype); }, weights_text},
@@ -114,7 +115,14 @@ const SignatureTable<MoeArgs, 14>& moe_signature_table() {
       Moe{"w2_bias", kName, [](const MoeArgs& a) { return dtype_or_none(a.w2_bias); }, dtype_or_none_text},
       // Only W4A8 calls carry it: bf16 activations keep the signatures (and cache keys) they had.
       Moe{"act_dtype", kName, [](const MoeArgs& a) { return static_cast<int64_t>(a.activation_dtype); }, dtype_text,
-          [](const MoeArgs& a) { return a.activation_dtype != DType::kBF16; }});
+          [](const MoeArgs& a) { return a.activation_dtype != DType::kBF16; }},
+      // Only MXFP4 calls whose experts average at least 96 routed pairs carry it: they run a build
+      // of their own (kernel-sources/moe/stream_workspace.h); the other calls keep their signatures.
+      Moe{"large_batch", kFlag, [](const MoeArgs&) { return int64_t{1}; }, nullptr,
+          [](const MoeArgs& a) {
+            const bool mxfp4 = a.w13.dtype == DType::kF4E2M1x2 || a.w13.dtype == DType::kF4E2M1x2Prepared;
+            return mxfp4 && kiln_moe_large_batch(a.x.size(0), a.top_k, a.w13.size(0)) != 0;
+          }});
   return table;
 }
 

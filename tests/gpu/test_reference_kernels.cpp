@@ -1585,6 +1585,20 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .interleaved = true,
        .bias = true,
        .all_to_one = false},
+      // MXFP4's large-batch build (experts averaging at least 96 pairs) below the grouped GEMMs'
+      // 2048 pairs: its streaming phases keep their split-tile sums after the rings.
+      {.mxfp4 = true,
+       .tokens = 200,
+       .hidden = 128,
+       .inter = 128,
+       .experts = 8,
+       .top_k = 4,
+       .routing = 1,
+       .renormalize = true,
+       .activation = 0,
+       .interleaved = false,
+       .bias = true,
+       .all_to_one = false},
       // The grouped-GEMM phases (sm_90a, bf16, from a token count on, H and I multiples of 64):
       // one expert with 800 pairs (7 row tiles), concatenated gate/up over several column tiles
       // with biases, and about two tiles per CTA (claimed ones), 64-pair last tiles among them.
