@@ -67,6 +67,10 @@ __device__ __forceinline__ float glu_activation(float gate, float up) {
   return gate / (1.0f + expf(-gate)) * up;
 }
 
+// A routed expert id as the kernels keep it: -1 for one outside [0, E), which contributes nothing
+// (device-resident precomputed ids are not checked on the host).
+__device__ __forceinline__ int moe_known_expert(int id, int experts) { return id >= 0 && id < experts ? id : -1; }
+
 // Serial routing of one token by one thread: picks top_k experts (ties go to the lower index) and
 // their weights, or takes the precomputed ones, where an id outside [0, E) becomes -1 (the
 // reference kernel and moe_apply_mfma).
@@ -75,7 +79,7 @@ __device__ void route_token(const KilnMoeParams& p, int token, int* ids, float* 
   if (kRouting == kRoutingPrecomputed) {
     for (int j = 0; j < p.top_k; ++j) {
       const int id = p.topk_ids[token * p.topk_row_stride + j];
-      ids[j] = id >= 0 && id < p.num_experts ? id : -1;  // outside [0, E): contributes nothing
+      ids[j] = moe_known_expert(id, p.num_experts);
       weights[j] = p.topk_weights[token * p.topk_row_stride + j];
     }
     return;

@@ -95,7 +95,7 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
     w /= (kRouting == kRoutingTopkSoftmax || p.renormalize) ? chosen : total;
   }
   if (lane < k) {
-    if (id < 0 || id >= experts) id = -1;
+    id = moe_known_expert(id, experts);
     ids[t * k + lane] = id;
     weights[t * k + lane] = w;
     if (id >= 0 && counts != nullptr) {
