@@ -21,6 +21,8 @@
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 #include "kiln/warmup.hpp"
+#include "moe/stream_workspace.h"
+#include "tools/problems.hpp"
 #include "warmup/capture.hpp"
 
 namespace kiln {
@@ -139,6 +141,28 @@ TEST(Manifest, BuiltinsCoverTheModels) {
     EXPECT_GE(m.signatures.size(), 5u);
   }
   EXPECT_THROW(load_manifest("gpt-oss-121b"), Error);
+}
+
+// `kiln check` and `kiln bench --manifest` give every MoE signature of the built-in manifests a
+// shape that reproduces it: enough tokens for the large-batch entries, the asked-for count else.
+TEST(Manifest, MoeShapesReachTheirBatchClass) {
+  int large = 0;
+  for (const auto& name : builtin_manifests()) {
+    for (const auto& sig : load_manifest(name).signatures) {
+      if (sig.op().family != kFamilyMoe) continue;
+      tools::ShapeArgs shape = tools::ShapeArgs::parse(tools::shape_for(sig, 8));
+      const int64_t tokens = shape.integer("tokens", 0);
+      EXPECT_EQ(kiln_moe_large_batch(tokens, sig.get_int("top_k"), sig.get_int("experts")) != 0, sig.has("large_batch"))
+          << name << ": " << sig.canonical() << " at " << tokens << " tokens";
+      if (sig.has("large_batch")) {
+        ++large;
+        EXPECT_FALSE(kiln_moe_large_batch(tokens - 1, sig.get_int("top_k"), sig.get_int("experts"))) << "the fewest tokens";
+      } else {
+        EXPECT_EQ(tokens, 8);
+      }
+    }
+  }
+  EXPECT_EQ(large, 4) << "GPT-OSS 120B and 20B, standard and prepared MXFP4";
 }
 
 // The progress a warm-up reports names each signature while it compiles, before it finishes.

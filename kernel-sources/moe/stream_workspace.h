@@ -36,6 +36,10 @@
 KILN_HOST_DEVICE inline int kiln_moe_large_batch(long long tokens, long long top_k, long long experts) {
   return tokens * top_k >= 96 * experts;
 }
+// The fewest tokens that make a large batch (top_k >= 1).
+KILN_HOST_DEVICE inline long long kiln_moe_large_batch_tokens(long long top_k, long long experts) {
+  return (96 * experts + top_k - 1) / top_k;
+}
 #ifndef KILN_MOE_LARGE_BATCH
 #define KILN_MOE_LARGE_BATCH 0
 #endif

@@ -12,6 +12,7 @@
 #include "kiln/author.hpp"
 #include "kiln/error.hpp"
 #include "moe/mxfp4_prepared.h"
+#include "moe/stream_workspace.h"
 #include "reference/cpu_reference.hpp"
 #include "tools/device_buffer.hpp"
 
@@ -838,9 +839,13 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
     return fmt::format("tokens={},heads_kv=2,head_dim=128,page_size=16,dtype={},kv_dtype={}", 16 * batch_or_tokens, get("dtype"),
                        get("kv_dtype"));
   }
+  // A large-batch signature (MXFP4) needs the tokens that make one (moe/stream_workspace.h).
+  const int64_t tokens = f.count("large_batch")
+                             ? std::max<int64_t>(batch_or_tokens, kiln_moe_large_batch_tokens(sig.get_int("top_k"), sig.get_int("experts")))
+                             : batch_or_tokens;
   std::string shape = fmt::format("tokens={},hidden={},inter={},experts={},top_k={},weights={},routing={},activation={},layout={},bias={}",
-                                  batch_or_tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"),
-                                  get("routing"), get("activation"), get("layout"), get("w13_bias"));
+                                  tokens, get("hidden"), get("inter"), get("experts"), get("top_k"), get("weights"), get("routing"),
+                                  get("activation"), get("layout"), get("w13_bias"));
   if (f.count("logits")) shape += ",logits=" + get("logits");
   if (f.count("renormalize")) shape += ",renormalize=" + get("renormalize");
   if (f.count("act_dtype")) shape += ",act=" + get("act_dtype");

@@ -59,7 +59,8 @@ class Problem {
 std::unique_ptr<Problem> make_problem(const std::string& op, ShapeArgs& shape, uint64_t seed, bool allocate = true);
 
 // A --shape text whose problem has exactly this signature (for kiln check/bench --manifest):
-// modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE), two KV heads.
+// modest sizes, `batch_or_tokens` sequences (attention) or tokens (MoE; at least a large batch's
+// for a large_batch signature), two KV heads.
 std::string shape_for(const Signature& sig, int64_t batch_or_tokens);
 
 // ||a - b|| / ||b||; infinity when any element of `a` is not finite (unwritten or broken).
