@@ -110,8 +110,7 @@ __device__ void route_token_warp(const KilnMoeParams& p, int t, int lane, int* i
 // Whether every CTA routes all tokens itself (see the kernel and kiln_moe_routes_locally).
 template <int kFormat>
 __device__ __forceinline__ bool moe_routes_locally(const KilnMoeParams& p, bool tensor_cores, unsigned dynamic_bytes) {
-  return kiln_moe_routes_locally(p.num_tokens, p.hidden, kFormat != kWeightsBf16, tensor_cores,
-                                 kFormat != kWeightsBf16 && KILN_MOE_LARGE_BATCH, dynamic_bytes);
+  return kiln_moe_routes_locally(p.num_tokens, p.hidden, kFormat != kWeightsBf16, tensor_cores, KILN_MOE_LARGE_BATCH, dynamic_bytes);
 }
 
 // A pair index of the grouped list: from this CTA's shared memory (local routing), or from the

@@ -33,12 +33,13 @@
 // build keeps 128-pair tiles, which decode a whole slice ahead (the 144-pair ones' accumulators
 // leave registers for half slices only) and keep the streaming phases' sums in static shared
 // memory (bench/RESULTS.md, 2026-11-29 (fourth)).
+#define KILN_MOE_LARGE_BATCH_PAIRS 96  // routed pairs an expert averages in a large batch
 KILN_HOST_DEVICE inline int kiln_moe_large_batch(long long tokens, long long top_k, long long experts) {
-  return tokens * top_k >= 96 * experts;
+  return tokens * top_k >= KILN_MOE_LARGE_BATCH_PAIRS * experts;
 }
 // The fewest tokens that make a large batch (top_k >= 1).
 KILN_HOST_DEVICE inline long long kiln_moe_large_batch_tokens(long long top_k, long long experts) {
-  return (96 * experts + top_k - 1) / top_k;
+  return (KILN_MOE_LARGE_BATCH_PAIRS * experts + top_k - 1) / top_k;
 }
 #ifndef KILN_MOE_LARGE_BATCH
 #define KILN_MOE_LARGE_BATCH 0

@@ -16,12 +16,6 @@ using detail::check_same_device;
 using detail::check_tensor;
 using detail::invalid_argument;
 
-namespace {
-
-bool is_mxfp4(DType t) { return t == DType::kF4E2M1x2 || t == DType::kF4E2M1x2Prepared; }
-
-}  // namespace
-
 void validate(const MoeArgs& a) {
   check_tensor(a.x, {"x", 2, {DType::kBF16}});
   check_tensor(a.out, {"out", 2, {DType::kBF16}});
@@ -47,7 +41,7 @@ void validate(const MoeArgs& a) {
   // w2 in w13's format: prepared MXFP4 weights (moe_prepare_weights) both prepared.
   const std::initializer_list<DType> weight_types = {DType::kBF16, DType::kF4E2M1x2, DType::kF4E2M1x2Prepared};
   check_tensor(a.w13, {"w13", 3, weight_types});
-  const bool mxfp4 = is_mxfp4(a.w13.dtype);
+  const bool mxfp4 = detail::is_mxfp4(a.w13.dtype);
   check_tensor(a.w2, {"w2", 3, {a.w13.dtype}});
   const int64_t experts = a.w13.size(0);
   if (experts <= 0) invalid_argument("w13: expert count E (dimension 0) must be positive");

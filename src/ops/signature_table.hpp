@@ -126,6 +126,9 @@ SignatureTable<Args, sizeof...(Fields)> signature_table(OperatorId op, Fields...
   return {std::move(op), {fields...}};
 }
 
+// MXFP4 weights, standard or prepared (moe_prepare_weights).
+inline bool is_mxfp4(DType t) { return t == DType::kF4E2M1x2 || t == DType::kF4E2M1x2Prepared; }
+
 // The operators' tables (signatures.cpp).
 const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table();
 const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table();

@@ -119,10 +119,7 @@ const SignatureTable<MoeArgs, 15>& moe_signature_table() {
       // Only MXFP4 calls whose experts average at least 96 routed pairs carry it: they run a build
       // of their own (kernel-sources/moe/stream_workspace.h); the other calls keep their signatures.
       Moe{"large_batch", kFlag, [](const MoeArgs&) { return int64_t{1}; }, nullptr,
-          [](const MoeArgs& a) {
-            const bool mxfp4 = a.w13.dtype == DType::kF4E2M1x2 || a.w13.dtype == DType::kF4E2M1x2Prepared;
-            return mxfp4 && kiln_moe_large_batch(a.x.size(0), a.top_k, a.w13.size(0)) != 0;
-          }});
+          [](const MoeArgs& a) { return is_mxfp4(a.w13.dtype) && kiln_moe_large_batch(a.x.size(0), a.top_k, a.w13.size(0)) != 0; }});
   return table;
 }
 
