@@ -12,8 +12,9 @@
 // cores, and rescales O once it lands: the exp2 work of one block hides under the MMAs of the
 // previous one. The consumers take turns to issue (named barriers, in a cycle), so one's softmax
 // overlaps the others' MMAs. A stage is released by each consumer warp as soon as its MMA has read
-// it, K before V. Key blocks wholly outside the causal or window band are skipped, only edge blocks
-// are masked; query blocks are visited last-first so the longest start first.
+// it, K before V. Key blocks wholly outside the causal or window band are skipped (by each consumer
+// for its own 64 rows at the causal end), only edge blocks are masked; query blocks are visited
+// last-first so the longest start first.
 //
 // Keys past the sequence inside its last block arrive by TMA from the next sequence (or as zeros
 // past the tensor). Their scores are masked, but P V would multiply their V rows by P's zeros, and
@@ -303,6 +304,17 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     online_softmax_probabilities<true>(s, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
   };
 
+  // Under causal masking this consumer's rows may end before the CTA's last key block starts (the
+  // CTA's last row is up to kBlockQ - 64 rows on): the consumer skips such blocks, taking its turns
+  // without MMAs, and releases no stage for them, since no later block of the CTA reuses theirs.
+  // Rows wholly past the sequence (never stored) keep every block, rows that see no key one.
+  static_assert((kBlockQ - 64 + kBlockK - 1) / kBlockK < kStages, "a skipped block's stage is never refilled");
+  int consumer_blocks = num_blocks;
+  if (blk.upper_bound && blk.q0 + consumer * 64 < blk.len_q) {
+    const int consumer_key_end = min(blk.len_k, min(blk.q0 + consumer * 64 + 63, blk.len_q - 1) + blk.shift + 1);
+    consumer_blocks = min(num_blocks, max(1, (consumer_key_end + kBlockK - 1) / kBlockK - block_start));
+  }
+
   if (consumer == kConsumers - 1) pass_turn();  // consumer 0 goes first
   mbarrier_wait(q_full, 0);
   if (num_blocks > 0) {
@@ -316,7 +328,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     release(k_empty(0));
     softmax(0);  // O is still zero: no rescale
     pack_p_fragments<T>(s, pa);
-    for (int i = 1; i < num_blocks; ++i) {
+    for (int i = 1; i < consumer_blocks; ++i) {
       const unsigned phase = (i / kStages) & 1, previous_phase = ((i - 1) / kStages) & 1;
       mbarrier_wait(k_full(i % kStages), phase);
       mbarrier_wait(v_full((i - 1) % kStages), previous_phase);
@@ -335,7 +347,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       rescale_rows(o, factor);
       pack_p_fragments<T>(s, pa);
     }
-    const int last = num_blocks - 1;
+    const int last = consumer_blocks - 1;
     mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
     take_turn();
     wgmma_fence();
@@ -344,6 +356,10 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     wgmma_wait<0>();
     wgmma_fence_operands(o);
     release(v_empty(last % kStages));
+    for (int i = consumer_blocks; i < num_blocks; ++i) {  // the skipped blocks' turns
+      take_turn();
+      pass_turn();
+    }
   }
   if (consumer == 0) take_turn();  // the last consumer's final pass: every arrival is matched
 
