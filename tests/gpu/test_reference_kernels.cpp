@@ -1538,6 +1538,8 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .interleaved = false,
        .bias = true},
       // More chunks (at least 300) than the kernel's chunk-to-expert table holds: found by search.
+      // Its 2400 pairs take the grouped GEMMs on sm_90a; the next case's 2000, spread over 128
+      // experts (about 300 chunks of at most 8 pairs), keep the streaming phases there too.
       {.mxfp4 = true,
        .tokens = 600,
        .hidden = 64,
@@ -1547,6 +1549,16 @@ TEST_F(Gpu, MoeKernelsMatchFloat64) {
        .routing = 0,
        .activation = 1,
        .interleaved = true,
+       .bias = true},
+      {.mxfp4 = true,
+       .tokens = 500,
+       .hidden = 64,
+       .inter = 64,
+       .experts = 128,
+       .top_k = 4,
+       .routing = 0,
+       .activation = 0,
+       .interleaved = false,
        .bias = true},
       // MXFP4's large-batch build (experts averaging at least 96 pairs) below the grouped GEMMs'
       // 2048 pairs: its streaming phases keep their split-tile sums after the rings.
