@@ -744,9 +744,21 @@ __device__ __forceinline__ void mxfp4_rows_to_bf16x2(const u32 (&words)[2][2], c
   }
 }
 
+// Where slice ks's scale byte of a row sits in the word its copier copied whole: `scale_low` is
+// the low two bits of the slice-0 byte's address, and each slice is two bytes on.
+__device__ __forceinline__ unsigned moe_gemm_mxfp4_scale_shift(unsigned scale_low, int ks) { return 8 * ((scale_low + 2 * ks) & 3); }
+
+// The e8m0 scale of tile row `row` for thread c of a quad: byte `shift` of the word at copy
+// 2 row + c / 2's scale slot.
+__device__ __forceinline__ u32 moe_gemm_mxfp4_scale_bits(unsigned raw, int row, int c, unsigned shift) {
+  u32 scale_word;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(raw + kMoeMxfp4RawBytes + 4 * (2 * row + (c >> 1))));
+  return (scale_word >> shift) & 0xFFu;
+}
+
 // One slice's A fragments of a math thread: its rows g and g + 8 (tile rows row[0] and row[1] of
-// the stage's raw weights), values r = 16 c .. 16 c + 15 of each, times their scales (the word at
-// copy 2 row + c / 2's scale slot, byte `scale_shift`), as bf16 pairs in fragment order.
+// the stage's raw weights), values r = 16 c .. 16 c + 15 of each, times their scales (bytes
+// `scale_shift`, moe_gemm_mxfp4_scale_bits), as bf16 pairs in fragment order.
 template <int kFormat>
 __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int (&row)[2], int c, const unsigned (&scale_shift)[2],
                                                          u32 (&a)[kMoeTileK / 16][4]) {
@@ -756,9 +768,7 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
                  : "=r"(words[i][0]), "=r"(words[i][1])
                  : "r"(raw + mxfp4_raw_offset(row[i], c >> 1) + 8 * (c & 1)));
-    u32 scale_word;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(raw + kMoeMxfp4RawBytes + 4 * (2 * row[i] + (c >> 1))));
-    bits[i] = (scale_word >> scale_shift[i]) & 0xFFu;
+    bits[i] = moe_gemm_mxfp4_scale_bits(raw, row[i], c, scale_shift[i]);
   }
   u32 pairs[2][8];
   if (__any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u))
@@ -774,11 +784,11 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
   }
 }
 
-// Half `half` of a slice's A fragments of a math thread (k steps 2 half and 2 half + 1): its rows g
-// and g + 8 (tile rows row[0] and row[1] of the stage's raw weights), values 16 c + 8 half .. + 7 of
-// each (one word a row) times their scales (the word at copy 2 row + c / 2's scale slot, byte
-// `scale_shift`), as bf16 pairs in fragment order: pair v of a word holds values v and v + 4. Each
-// half reads its words and scales itself: kept from one half to the next, they made ptxas spill.
+// Half `half` of a slice's A fragments of a math thread (k steps 2 half and 2 half + 1): its rows
+// g and g + 8 (tile rows row[0] and row[1] of the stage's raw weights), values 16 c + 8 half .. + 7
+// of each (one word a row) times their scales (bytes `scale_shift`), as bf16 pairs in fragment
+// order: pair v of a word holds values v and v + 4. Each half reads its words and scales itself:
+// kept from one half to the next, they made ptxas spill.
 template <int kFormat>
 __device__ __forceinline__ void moe_gemm_mxfp4_half_fragments(unsigned raw, const int (&row)[2], int c, int half,
                                                               const unsigned (&scale_shift)[2], u32 (&a)[2][4]) {
@@ -786,9 +796,7 @@ __device__ __forceinline__ void moe_gemm_mxfp4_half_fragments(unsigned raw, cons
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(words[i]) : "r"(raw + mxfp4_raw_offset(row[i], c >> 1) + 8 * (c & 1) + 4 * half));
-    u32 scale_word;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(scale_word) : "r"(raw + kMoeMxfp4RawBytes + 4 * (2 * row[i] + (c >> 1))));
-    bits[i] = (scale_word >> scale_shift[i]) & 0xFFu;
+    bits[i] = moe_gemm_mxfp4_scale_bits(raw, row[i], c, scale_shift[i]);
   }
   u32 pairs[2][4];
   if (__any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u)) {
@@ -856,7 +864,7 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     // A whole slice decoded ahead: fewer waits a slice than by halves (7% at T = 1024 and 2048 on an
     // H200, bench/RESULTS.md).
     const auto decode = [&](int ks, u32(&a)[kMoeTileK / 16][4]) {
-      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+      const unsigned scale_shift[2] = {moe_gemm_mxfp4_scale_shift(scale_low[0], ks), moe_gemm_mxfp4_scale_shift(scale_low[1], ks)};
       moe_gemm_mxfp4_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, scale_shift, a);
     };
     // Slice ks's MMAs from `now` while slice ks + 1 is decoded into `next` (the caller has waited
@@ -889,7 +897,7 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     // the smaller tiles, and out of line, ptxas serialized every wgmma).
     // Half `half` of slice ks (whose stage is `slice`'s) into fragments `a`.
     const auto decode = [&](int ks, int half, u32(&a)[2][4]) {
-      const unsigned scale_shift[2] = {8 * ((scale_low[0] + 2 * ks) & 3), 8 * ((scale_low[1] + 2 * ks) & 3)};
+      const unsigned scale_shift[2] = {moe_gemm_mxfp4_scale_shift(scale_low[0], ks), moe_gemm_mxfp4_scale_shift(scale_low[1], ks)};
       moe_gemm_mxfp4_half_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, half, scale_shift, a);
     };
     // Slice ks's MMAs from its two halves' fragments `lo` and `hi`, committed as two groups, while
