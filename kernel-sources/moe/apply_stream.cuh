@@ -725,8 +725,9 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
   // not a multiple of 4). ids, weights (unless routed here, in shared memory) and y were written by
   // other CTAs before the last barrier: they are read through L2 (ld.global.cg), which this SM's L1
   // cannot hold stale. y is bf16 when the grouped GEMMs wrote it (H is then a multiple of 64), else
-  // f32. Slots go four at a time, their ids and weights, then their y values, all in flight before
-  // any is used (slot by slot the loop waited on L2 twice per slot).
+  // f32. Slots go four at a time, their ids, weights and y values all in flight before any is
+  // used: a slot's y row does not depend on its id, so its load goes out with the id's, and the y
+  // of a slot whose id is -1 (never written) is read but not used.
   // `local`, recomputed: kept live through the grouped GEMMs it made ptxas spill there.
   const bool routed_here = moe_routes_locally<kFormat>(p, tensor_cores, dynamic_bytes);
   const int width = p.hidden % 4 == 0 ? 4 : 1, per_token = p.hidden / width;
@@ -745,7 +746,7 @@ __global__ void __launch_bounds__(kiln_moe_stream_warps(kFormat) * kWarp, 1) moe
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        if (id[u] < 0) continue;
+        if (j0 + u >= k) continue;
         const long long row = static_cast<long long>(t * k + j0 + u) * p.hidden + h;
         if (tensor_cores)
           load_l2_bf16x4(reinterpret_cast<const bf16*>(y) + row, v[u]);
