@@ -2,7 +2,7 @@
 // structure. Warpgroup 0 is the producer: it gives most of its registers to the others and fills
 // two rings of shared-memory stages, K and V, each stage guarded by a full and an empty mbarrier.
 // Q, contiguous K and V (prefill), and paged K and V (extend) whose pages are whole TMA boxes come
-// by TMA from the first producer warp, one box per page; other paged caches (pages under 8 rows,
+// by TMA (a box per page, from up to four producer warps); other paged caches (pages under 8 rows,
 // or not packed) by cp.async from all 128 producer threads, each row finding its page through
 // shuffles of the block's page-table entries, the copies arriving on the full barrier as they land.
 //
@@ -134,13 +134,21 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   const int block_end = blk.key_end > blk.key_start ? (blk.key_end + kBlockK - 1) / kBlockK : block_start;
   const int num_blocks = block_end - block_start;
   const bool page_boxes = kPaged && p.total_k > 0;  // paged keys TMA copies a page at a time (params.h)
+  // Warps that issue the TMA copies of K and V, 2^tma_issuer_shift: one per 4 copies a tile takes
+  // (paged keys: a box per page and 64 columns), up to the producer's four. A TMA takes its
+  // operands in uniform registers, so a warp issues its lanes' boxes one after another: at head_dim
+  // 128 and page 16 (16 copies a tile) one warp spent nearly all its time issuing and the consumers
+  // waited for K (ncu); warps with nothing to issue would only take issue slots from the consumers.
+  static_assert(!kPaged || kBlockK == 128, "paged tiles are 2^7 keys");
+  const int tma_issuer_shift = page_boxes ? max(0, min(2, 7 - min(p.page_shift, 7) + kAtoms / 2 - 2)) : 0;
+  const int tma_issuers = 1 << tma_issuer_shift;
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
-    mbarrier_init(tail_full, 1);
+    mbarrier_init(tail_full, tma_issuers);
     for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(k_full(stage), kPaged && !page_boxes ? kProducerThreads : 1);
-      mbarrier_init(v_full(stage), kPaged && !page_boxes ? kProducerThreads : 1);
+      mbarrier_init(k_full(stage), kPaged && !page_boxes ? kProducerThreads : tma_issuers);
+      mbarrier_init(v_full(stage), kPaged && !page_boxes ? kProducerThreads : tma_issuers);
       mbarrier_init(k_empty(stage), 4 * kConsumers);  // one arrival per consumer warp
       mbarrier_init(v_empty(stage), 4 * kConsumers);
     }
@@ -197,10 +205,12 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       }
       wait_copies<0>();
     } else {
-      // By TMA from the first warp: a tile of contiguous keys is one box per 64 columns; a tile of
-      // paged keys one per page (lane l copies page l of the block), up to the sequence's last.
-      if (threadIdx.x >= 32) return;
-      const int lane = threadIdx.x;
+      // By TMA: a tile of contiguous keys is one box per 64 columns; a tile of paged keys one per
+      // page (lane l's page l of the block, up to the sequence's last), lane l of warp
+      // l % tma_issuers issuing it. Each issuing warp waits for the stage to empty and arms the
+      // full barrier with its own boxes' bytes (an arrival each: tma_issuers of them a phase).
+      const int issuer = threadIdx.x >> 5, lane = threadIdx.x & 31;
+      if (issuer >= tma_issuers) return;
       WarpBlockPages<kBlockK> pages, next_pages;
       if (kPaged) pages.load(p, blk, block_start, lane);
       const int box_rows = kPaged ? min(p.page_size, kBlockK) : kBlockK;
@@ -210,9 +220,11 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
         const int key0 = (block_start + i) * kBlockK;
         if (kPaged && i + 1 < num_blocks) next_pages.load(p, blk, block_start + i + 1, lane);
         const int boxes = kPaged ? min(kBlockK / box_rows, ((blk.len_k - 1) >> p.page_shift) - (key0 >> p.page_shift) + 1) : 1;
-        const unsigned bytes = boxes * box_rows * 128 * kAtoms;
+        const bool issues = lane < boxes && (lane & (tma_issuers - 1)) == issuer;
+        const int issued_boxes = boxes > issuer ? ((boxes - 1 - issuer) >> tma_issuer_shift) + 1 : 0;  // by this warp
+        const unsigned bytes = issued_boxes * box_rows * 128 * kAtoms;
         auto copy_tile = [&](unsigned tile, const KilnTensorMap* map, unsigned barrier) {
-          if (lane >= boxes) return;
+          if (!issues) return;
           // Key row of the box in the tensor the map spans: packed keys, or the caches' rows.
           const int row = kPaged ? pages.page[0] * p.page_size + (key0 & (p.page_size - 1)) : blk.k_begin + key0;
 #pragma unroll
@@ -234,7 +246,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
         }
         __syncwarp();
         copy_tile(v_tile, &p.tensor_maps[kPrefillMapV], v_barrier);
-        if (valid_rows < kBlockK) {  // the sequence's last block, once per CTA: phase 0 of tail_full
+        if (issuer == 0 && valid_rows < kBlockK) {  // the sequence's last block, once per CTA: phase 0 of tail_full
           mbarrier_wait(tail_full, 0);
           for (int r = 8 * (valid_rows / 8) + lane / 16; r < kBlockK; r += 2) {
             if (r < valid_rows) continue;
@@ -246,7 +258,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
           }
           fence_async_shared();  // the zeros, written through the generic proxy, before wgmma reads them
           __syncwarp();
-          if (lane == 0) mbarrier_arrive(v_full(stage));
+          if (lane < tma_issuers) mbarrier_arrive(v_full(stage));  // for every issuing warp
         }
         if (kPaged) pages = next_pages;
       }
