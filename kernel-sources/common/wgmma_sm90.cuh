@@ -28,6 +28,13 @@ __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned smem_add
          (static_cast<unsigned long long>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the same operand `bytes` (a multiple of 16) further on: only the low word's
+// address field moves, and shared addresses stay below 2^18, so it never carries into the rest.
+// One add where rebuilding a descriptor from its address took ptxas five uniform instructions.
+__device__ __forceinline__ unsigned long long wgmma_descriptor_advance(unsigned long long descriptor, unsigned bytes) {
+  return (descriptor & 0xFFFFFFFF00000000ull) | (static_cast<unsigned>(descriptor) + (bytes >> 4));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
@@ -174,11 +181,12 @@ KILN_WGMMA_DEFINE(f16, 48)
 template <typename T, int N, int K>
 __device__ __forceinline__ void wgmma_ss_k_major(float (&d)[N / 8][4], unsigned a_address, unsigned a_atom_bytes, unsigned b_address,
                                                  unsigned b_atom_bytes) {
+  const unsigned long long a = wgmma_descriptor(a_address, 16, 1024), b = wgmma_descriptor(b_address, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
     const unsigned step = (ks & 3) * 32;
-    wgmma_ss<T, N>(d, wgmma_descriptor(a_address + (ks >> 2) * a_atom_bytes + step, 16, 1024),
-                   wgmma_descriptor(b_address + (ks >> 2) * b_atom_bytes + step, 16, 1024), ks > 0);
+    wgmma_ss<T, N>(d, wgmma_descriptor_advance(a, (ks >> 2) * a_atom_bytes + step),
+                   wgmma_descriptor_advance(b, (ks >> 2) * b_atom_bytes + step), ks > 0);
   }
 }
 
