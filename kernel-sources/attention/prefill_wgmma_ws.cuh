@@ -326,6 +326,16 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     consumer_blocks = min(num_blocks, max(1, (consumer_key_end + kBlockK - 1) / kBlockK - block_start));
   }
 
+  // Without causal masking or a window every CTA walks keys [0, len_k). Where the last block holds
+  // at most kNarrowK of them (S = 4096 at head_dim 128: 48 of 176), it is issued kNarrowK wide, in
+  // a last iteration of its own (a branch between two wgmmas of one loop would make ptxas fence
+  // every wgmma): the MMAs and the softmax of the 128 keys past the end cost 3% of such a call.
+  constexpr int kNarrowK = 48;
+  constexpr bool kNarrowTail = !kPaged && kBlockK > 2 * kNarrowK;
+  const bool narrow_last = kNarrowTail && !blk.upper_bound && p.window_left < 0 && num_blocks > 1 &&
+                           blk.len_k - (block_start + num_blocks - 1) * kBlockK <= kNarrowK;
+  const int wide_blocks = narrow_last ? consumer_blocks - 1 : consumer_blocks;
+
   if (consumer == kConsumers - 1) pass_turn();  // consumer 0 goes first
   mbarrier_wait(q_full, 0);
   if (num_blocks > 0) {
@@ -339,7 +349,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     release(k_empty(0));
     softmax(0);  // O is still zero: no rescale
     pack_p_fragments<T>(s, pa);
-    for (int i = 1; i < consumer_blocks; ++i) {
+    for (int i = 1; i < wide_blocks; ++i) {
       const unsigned phase = (i / kStages) & 1, previous_phase = ((i - 1) / kStages) & 1;
       mbarrier_wait(k_full(i % kStages), phase);
       mbarrier_wait(v_full((i - 1) % kStages), previous_phase);
@@ -359,10 +369,44 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       pack_p_fragments<T>(s, pa);
     }
     const int last = consumer_blocks - 1;
-    mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
-    take_turn();
-    wgmma_fence();
-    issue_pv(last);
+    if (kNarrowTail && narrow_last) {
+      float s_narrow[kNarrowK / 8][4];
+      unsigned pa_narrow[kNarrowK / 16][4];
+      wgmma_define_operands(s_narrow);
+      mbarrier_wait(k_full(last % kStages), (last / kStages) & 1);
+      mbarrier_wait(v_full((last - 1) % kStages), ((last - 1) / kStages) & 1);
+      take_turn();
+      wgmma_fence();
+      wgmma_ss_k_major<T, kNarrowK, kHeadDim>(s_narrow, q_address, kQAtomBytes, shared_address(k_tiles + (last % kStages) * kTileBytes),
+                                              kKAtomBytes);
+      wgmma_commit();
+      issue_pv(last - 1);
+      pass_turn();
+      wgmma_wait<1>();
+      wgmma_fence_operands(s_narrow);
+      release(k_empty(last % kStages));
+      const int key0 = (block_start + last) * kBlockK;
+      cap_and_mask_scores<kSoftcap>(s_narrow, p, key0 + kNarrowK > blk.len_k, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
+      online_softmax_probabilities<true>(s_narrow, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      release(v_empty((last - 1) % kStages));
+      rescale_rows(o, factor);
+      pack_p_fragments<T>(s_narrow, pa_narrow);
+      mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
+      take_turn();
+      wgmma_fence();
+      const unsigned long long v_descriptor = wgmma_descriptor(shared_address(v_tiles + (last % kStages) * kTileBytes), kKAtomBytes, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kNarrowK / 16; ++kk)
+        wgmma_rs<T, kHeadDim>(o, pa_narrow[kk], wgmma_descriptor_advance(v_descriptor, kk * 16 * 128));
+      wgmma_commit();
+    } else {
+      mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
+      take_turn();
+      wgmma_fence();
+      issue_pv(last);
+    }
     pass_turn();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
