@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       pack_p_fragments<T>(s, pa);
     }
     const int last = consumer_blocks - 1;
-    if (kNarrowTail && narrow_last) {
+    if (kNarrowTail && narrow_last) {  // the loop's step at kNarrowK keys (NVRTC rejects the generic lambda that would share it)
       float s_narrow[kNarrowK / 8][4];
       unsigned pa_narrow[kNarrowK / 16][4];
       wgmma_define_operands(s_narrow);
