@@ -11,7 +11,7 @@ shift 2
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 # The first launches compile and warm up; the sixth is profiled.
 timeout 240 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 5 --launch-count 1 \
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SourceCounters \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SourceCounters \
   --section MemoryWorkloadAnalysis -f -o "$out/$label" $bin/kiln bench "$@" --time-ms 50 > "$out/$label-run.log" 2>&1 ||
   { tail -20 "$out/$label-run.log"; exit 1; }
 "$ncu" -i "$out/$label.ncu-rep" --page raw --csv > "$out/$label-raw.csv" 2>/dev/null

@@ -21,6 +21,9 @@ def main(raw_path, source_path, label):
                 "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__average_warps_issue_stalled_per_issue_active.ratio"):
         if key in metrics:
             print(f"  {key} = {metrics[key]}")
+    for key in sorted(metrics):
+        if "pipe_tensor" in key and key.endswith("pct_of_peak_sustained_active"):
+            print(f"  {key} = {metrics[key]}")
     # Stall reasons: warps per issue slot stalled for each reason, largest first.
     stalls = []
     for key, value in metrics.items():
