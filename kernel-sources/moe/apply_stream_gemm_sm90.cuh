@@ -784,22 +784,31 @@ __device__ __forceinline__ void moe_gemm_mxfp4_fragments(unsigned raw, const int
   }
 }
 
-// Half `half` of a slice's A fragments of a math thread (k steps 2 half and 2 half + 1): its rows
-// g and g + 8 (tile rows row[0] and row[1] of the stage's raw weights), values 16 c + 8 half .. + 7
-// of each (one word a row) times their scales (bytes `scale_shift`), as bf16 pairs in fragment
-// order: pair v of a word holds values v and v + 4. Each half reads its words and scales itself:
-// kept from one half to the next, they made ptxas spill.
-template <int kFormat>
-__device__ __forceinline__ void moe_gemm_mxfp4_half_fragments(unsigned raw, const int (&row)[2], int c, int half,
-                                                              const unsigned (&scale_shift)[2], u32 (&a)[2][4]) {
-  u32 words[2], bits[2];
+// Slice ks's e8m0 scale bytes of a math thread's rows (tile rows row[0] and row[1], for thread c
+// of a quad) from the stage at `raw`, read once for both halves of the slice; true when some lane
+// of the warp has a scale above 2 (moe_gemm_mxfp4_fragments).
+__device__ __forceinline__ bool moe_gemm_mxfp4_slice_scales(unsigned raw, const int (&row)[2], int c, const unsigned (&scale_low)[2],
+                                                            int ks, u32 (&bits)[2]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2; ++i) bits[i] = moe_gemm_mxfp4_scale_bits(raw, row[i], c, moe_gemm_mxfp4_scale_shift(scale_low[i], ks));
+  return __any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u);
+}
+
+// Half `half` of a slice's raw weights of a math thread from the stage at `raw`: its rows g and
+// g + 8 (tile rows row[0] and row[1]), values 16 c + 8 half .. + 7 of each, one word a row.
+__device__ __forceinline__ void moe_gemm_mxfp4_half_words(unsigned raw, const int (&row)[2], int c, int half, u32 (&words)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(words[i]) : "r"(raw + mxfp4_raw_offset(row[i], c >> 1) + 8 * (c & 1) + 4 * half));
-    bits[i] = moe_gemm_mxfp4_scale_bits(raw, row[i], c, scale_shift[i]);
-  }
+}
+
+// Those words times their scales (`bits`, `large`: moe_gemm_mxfp4_slice_scales) as the half's A
+// fragments (k steps 2 half and 2 half + 1), bf16 pairs in fragment order: pair v of a word holds
+// values v and v + 4.
+template <int kFormat>
+__device__ __forceinline__ void moe_gemm_mxfp4_half_fragments(const u32 (&words)[2], const u32 (&bits)[2], bool large, u32 (&a)[2][4]) {
   u32 pairs[2][4];
-  if (__any_sync(0xffffffffu, bits[0] > 128u || bits[1] > 128u)) {
+  if (large) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) mxfp4_word_to_bf16x2<kFormat, true>(words[i], mxfp4_scale_bf16x2<true>(bits[i]), pairs[i]);
   } else {
@@ -895,11 +904,16 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     // The large-batch build: its 144-pair accumulators leave room for three half-slice fragment
     // sets only (two whole slices' spilled; so did the whole-slice decode inlined beside it for
     // the smaller tiles, and out of line, ptxas serialized every wgmma).
-    // Half `half` of slice ks (whose stage is `slice`'s) into fragments `a`.
-    const auto decode = [&](int ks, int half, u32(&a)[2][4]) {
-      const unsigned scale_shift[2] = {moe_gemm_mxfp4_scale_shift(scale_low[0], ks), moe_gemm_mxfp4_scale_shift(scale_low[1], ks)};
-      moe_gemm_mxfp4_half_fragments<kFormat>(pipe.stage(slice) + kMoeMxfp4XBytes, row, c, half, scale_shift, a);
+    // Slice ks's scale bytes and both halves' words, read together from stage `slice`'s.
+    u32 bits[2], words[2][2];
+    bool large = false;
+    const auto load = [&](int ks) {
+      const unsigned raw = pipe.stage(slice) + kMoeMxfp4XBytes;
+      large = moe_gemm_mxfp4_slice_scales(raw, row, c, scale_low, ks, bits);
+      moe_gemm_mxfp4_half_words(raw, row, c, 0, words[0]);
+      moe_gemm_mxfp4_half_words(raw, row, c, 1, words[1]);
     };
+    const auto decode = [&](int half, u32(&a)[2][4]) { moe_gemm_mxfp4_half_fragments<kFormat>(words[half], bits, large, a); };
     // Slice ks's MMAs from its two halves' fragments `lo` and `hi`, committed as two groups, while
     // slice ks + 1 is decoded (the caller has waited for slice ks's stage; slice ks + 1's is waited
     // here): its first half into `spare` once the group before these two (slice ks - 1's second half,
@@ -909,13 +923,13 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     // done. Three half-slice sets (24 registers, not two whole slices' 32) leave room for 144-pair
     // accumulators. No branch may separate the MMAs from the decode: ptxas would serialize the wgmmas.
     const auto step = [&](int ks, u32(&lo)[2][4], const u32(&hi)[2][4], u32(&spare)[2][4]) {
-      const unsigned long long descriptor = x_descriptor + Pipe::index(slice) * (kMoeMxfp4StageBytes >> 4);
+      const unsigned long long descriptor = wgmma_descriptor_advance(x_descriptor, Pipe::index(slice) * kMoeMxfp4StageBytes);
       wgmma_fence();
       wgmma_rs_k_major<bf16, kN>(acc, lo[0], descriptor, ks > 0);
-      wgmma_rs_k_major<bf16, kN>(acc, lo[1], descriptor + 2, 1);
+      wgmma_rs_k_major<bf16, kN>(acc, lo[1], wgmma_descriptor_advance(descriptor, 32), 1);
       wgmma_commit();
-      wgmma_rs_k_major<bf16, kN>(acc, hi[0], descriptor + 4, 1);
-      wgmma_rs_k_major<bf16, kN>(acc, hi[1], descriptor + 6, 1);
+      wgmma_rs_k_major<bf16, kN>(acc, hi[0], wgmma_descriptor_advance(descriptor, 64), 1);
+      wgmma_rs_k_major<bf16, kN>(acc, hi[1], wgmma_descriptor_advance(descriptor, 96), 1);
       wgmma_commit();
       ++slice;
       wgmma_wait<2>();  // slice ks - 1 is done: `spare` is free
@@ -923,15 +937,17 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
       const bool more = ks + 1 < s.k_steps;
       if (more) {
         mbarrier_wait(pipe.full_barrier(slice), Pipe::parity(slice));
-        decode(ks + 1, 0, spare);
+        load(ks + 1);
+        decode(0, spare);
       }
       wgmma_wait<1>();  // `lo` is free
-      if (more) decode(ks + 1, 1, lo);
+      if (more) decode(1, lo);
     };
     // The three sets, named, not indexed, so they stay in registers; their roles rotate every slice.
     u32 f0[2][4], f1[2][4], f2[2][4];
-    decode(0, 0, f0);
-    decode(0, 1, f1);
+    load(0);
+    decode(0, f0);
+    decode(1, f1);
     for (int ks = 0; ks < s.k_steps; ks += 3) {
       step(ks, f0, f1, f2);
       if (ks + 1 < s.k_steps) step(ks + 1, f2, f0, f1);
