@@ -256,7 +256,7 @@ struct MoeGemmPipeline {
   unsigned full, empty;  // shared-window addresses of kStages barriers each, 8 bytes apart
   unsigned told;         // likewise: tile_of_stage written (the producer arrives after every slice's write)
   int* tile_of_stage;    // written with a tile's first slice; -1: the phase's end marker
-  int* slice_after;      // the running slice count after a phase, from the producer thread
+  int* slice_after;      // bf16: the running slice count after a phase, from the producer thread
   int* claims;           // MXFP4: two ints, the copiers' next tile (MoeWeightCursor)
   unsigned stage_base;   // stage 0, 1024-byte aligned
   unsigned stage_bytes;  // kMoeStageBytes, or kMoeMxfp4StageBytes
@@ -995,12 +995,13 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
   }
 }
 
-// A math warpgroup's whole phase, from the CTA's running slice count, through the end marker.
+// A math warpgroup's whole phase, from the CTA's running slice count, through the end marker;
+// returns the count after it.
 // MXFP4's tiles give each warpgroup 64 weight rows against all of the tile's pairs.
 template <int kFormat, bool kUp, int kActivation, int kLayout, int kBias13, int kBias2>
-__device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value>& s,
-                                                 const MoeGemmPipelineOf<kFormat>& pipe, int slice, int warpgroup, bf16* act, bf16* y,
-                                                 unsigned staging) {
+__device__ __forceinline__ int moe_gemm_consume(const KilnMoeParams& p, const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value>& s,
+                                                const MoeGemmPipelineOf<kFormat>& pipe, int slice, int warpgroup, bf16* act, bf16* y,
+                                                unsigned staging) {
   using Pipe = MoeGemmPipelineOf<kFormat>;
   constexpr int kTileN = MoeGemmTileN<kFormat>::value;
   // A math thread's accumulators, in which every tile shape accumulates (ptxas spilled kilobytes
@@ -1014,7 +1015,7 @@ __device__ __forceinline__ void moe_gemm_consume(const KilnMoeParams& p, const M
     const int tile = *reinterpret_cast<volatile int*>(&pipe.tile_of_stage[Pipe::index(slice)]);
     if (tile < 0) {  // the end marker
       mbarrier_arrive(pipe.empty_barrier(slice));
-      return;
+      return slice + 1;
     }
     MoeGemmTile t = s.tile(p, tile);
     t.count = __shfl_sync(0xffffffffu, t.count, 0);  // provably uniform: ptxas keeps the wgmmas unserialized
@@ -1054,21 +1055,27 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<k
                                const int* pair_start, const int* pairs, bf16* act, bf16* y, unsigned staging, int* tile_counter) {
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
+  // Every thread that takes part in the phase ends with the count after its end marker; the bf16
+  // producer's idle warpgroup takes it from the producer after the barrier. (The MXFP4 copiers'
+  // count once passed through shared memory too: compute-sanitizer's racecheck reported that
+  // handoff, written before this barrier and read after it, once the copiers had met at their
+  // named barrier.)
+  bool counted = true;
   if (warpgroup < moe_gemm_math_threads(kFormat != kWeightsBf16) / 128) {
-    moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
+    slice = moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
     // act (up) is read by down's copies after the grid barrier that follows.
     if (kUp) fence_async_global();
   } else {
     if constexpr (kFormat != kWeightsBf16) {
-      const int after = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice, tile_counter);
-      if (threadIdx.x == kMoeMxfp4MathThreads) *pipe.slice_after = after;
+      slice = moe_gemm_copy_mxfp4<kUp, kFormat, kLayout>(p, s, pipe, slice, tile_counter);
     } else {
+      counted = false;
       if (threadIdx.x == kMoeProducerThread) *pipe.slice_after = moe_gemm_produce<kUp, kLayout>(p, s, pipe, slice, tile_counter);
       __syncwarp();
     }
   }
   __syncthreads();
-  slice = *pipe.slice_after;
+  if (!counted) slice = *pipe.slice_after;
 }
 
 }  // namespace kiln
