@@ -1056,10 +1056,10 @@ __device__ void moe_gemm_phase(const KilnMoeParams& p, const MoeGemmPipelineOf<k
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   const MoeGemmShape<kUp, MoeGemmTileN<kFormat>::value> s(p, mtile_start, pair_start, pairs);
   // Every thread that takes part in the phase ends with the count after its end marker; the bf16
-  // producer's idle warpgroup takes it from the producer after the barrier. (The MXFP4 copiers'
-  // count once passed through shared memory too: compute-sanitizer's racecheck reported that
-  // handoff, written before this barrier and read after it, once the copiers had met at their
-  // named barrier.)
+  // producer's idle warpgroup takes it from the producer after the barrier. The MXFP4 copiers pass
+  // nothing through shared memory here: compute-sanitizer's racecheck reports a copier's write
+  // before this barrier and a math thread's read after it as a hazard once the copiers have met at
+  // their named barrier.
   bool counted = true;
   if (warpgroup < moe_gemm_math_threads(kFormat != kWeightsBf16) / 128) {
     slice = moe_gemm_consume<kFormat, kUp, kActivation, kLayout, kBias13, kBias2>(p, s, pipe, slice, warpgroup, act, y, staging);
