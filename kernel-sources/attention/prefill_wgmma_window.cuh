@@ -212,9 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
       __syncthreads();
     }
     wgmma_fence();
-    const unsigned long long v_descriptor = wgmma_descriptor(v_address, kKAtomBytes, 1024);
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor_advance(v_descriptor, kk * 16 * 128));
+    wgmma_rs_pv<T, kHeadDim, kBlockK>(o, pa, wgmma_descriptor(v_address, kKAtomBytes, 1024));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);

@@ -300,9 +300,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   };
   // V is N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
   auto issue_pv = [&](int i) {
-    const unsigned long long v_descriptor = wgmma_descriptor(shared_address(v_tiles + (i % kStages) * kTileBytes), kKAtomBytes, 1024);
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) wgmma_rs<T, kHeadDim>(o, pa[kk], wgmma_descriptor_advance(v_descriptor, kk * 16 * 128));
+    wgmma_rs_pv<T, kHeadDim, kBlockK>(o, pa, wgmma_descriptor(shared_address(v_tiles + (i % kStages) * kTileBytes), kKAtomBytes, 1024));
     wgmma_commit();
   };
   // Cap and mask (masks only where the warp's rows cross a band edge or the end), then the
@@ -396,10 +394,8 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
       take_turn();
       wgmma_fence();
-      const unsigned long long v_descriptor = wgmma_descriptor(shared_address(v_tiles + (last % kStages) * kTileBytes), kKAtomBytes, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kNarrowK / 16; ++kk)
-        wgmma_rs<T, kHeadDim>(o, pa_narrow[kk], wgmma_descriptor_advance(v_descriptor, kk * 16 * 128));
+      wgmma_rs_pv<T, kHeadDim, kNarrowK>(o, pa_narrow,
+                                         wgmma_descriptor(shared_address(v_tiles + (last % kStages) * kTileBytes), kKAtomBytes, 1024));
       wgmma_commit();
     } else {
       mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);

@@ -190,6 +190,15 @@ __device__ __forceinline__ void wgmma_ss_k_major(float (&d)[N / 8][4], unsigned 
   }
 }
 
+// O += P V over kKeys keys: P as the register A fragments of m64nNk16 (16 keys each), V the B
+// operand N-major from descriptor `v` at its first key, each 16 keys 2048 bytes (two 1024-byte
+// atom row groups of 8 keys) on.
+template <typename T, int N, int kKeys>
+__device__ __forceinline__ void wgmma_rs_pv(float (&o)[N / 8][4], const unsigned (&p)[kKeys / 16][4], unsigned long long v) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_rs<T, N>(o, p[kk], wgmma_descriptor_advance(v, kk * 16 * 128));
+}
+
 // Four 8 x 8 matrices of 16-bit values into shared memory from their fragments (register i of
 // lane l: row l / 4, columns 2 (l % 4) and + 1 of matrix i, as in an m16n8 accumulator packed to
 // pairs); lanes 8 i .. 8 i + 7 give the addresses of matrix i's rows. sm_90+.
