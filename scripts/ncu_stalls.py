@@ -18,7 +18,9 @@ def main(raw_path, source_path, label):
     for key in ("gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                 "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
                 "dram__throughput.avg.pct_of_peak_sustained_elapsed", "launch__registers_per_thread",
-                "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__average_warps_issue_stalled_per_issue_active.ratio"):
+                "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__average_warps_issue_stalled_per_issue_active.ratio",
+                "smsp__inst_executed.sum", "sm__ctas_launched.sum", "launch__occupancy_limit_registers",
+                "launch__occupancy_limit_shared_mem", "sm__sass_inst_executed_op_local_ld.sum", "sm__sass_inst_executed_op_local_st.sum"):
         if key in metrics:
             print(f"  {key} = {metrics[key]}")
     for key in sorted(metrics):

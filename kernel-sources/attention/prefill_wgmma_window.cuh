@@ -15,7 +15,7 @@
 // ran 3% slower than 2.
 // kPaged (mha_extend_with_kvcache over paged caches, pages of 8 rows or more): a CTA's positions
 // move back so that its band starts on a multiple of 16 keys, and a block's K and V rows come as
-// boxes of 16 rows (8 for pages of 8), each within one page, issued by lanes of warp 0; caches whose
+// boxes of 16 rows (8 for pages of 8), each within one page, issued by the warps in turn; caches whose
 // pages TMA cannot copy whole come by cp.async from every thread. On an H200 GPT-OSS's window rows
 // after a 4096-token prefix ran at 0.91x the contiguous kernel's speed, against 0.59x for the
 // mma.sync kernel (bench/RESULTS.md).
@@ -87,16 +87,22 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     for (int stage = 0; stage < kStages; ++stage) mbarrier_init(full_barriers + 8 * stage, page_boxes ? 1 : kThreads + 1);
     mbarrier_init_fence();
   }
-  // Paged boxes: lane l of warp 0 copies rows [16 l, 16 l + 16) of a block (page_size >= 16) or
-  // [8 l, 8 l + 8) (page_size 8), and holds the page of its rows in the next block to be issued,
-  // read one block ahead so that no copy waits on the page table.
+  // Paged boxes: box b, rows [16 b, 16 b + 16) of a block (page_size >= 16) or [8 b, 8 b + 8)
+  // (page_size 8), is copied by lane b / kWarps of warp b % kWarps, which holds the pages of its rows
+  // in the next two blocks to be issued, read ahead so that no copy waits on the page table (the
+  // first two reads are in flight together). Spread over the warps, no warp issues more than two
+  // boxes (a TMA copy takes uniform registers, so ptxas issues a warp's boxes one lane at a time),
+  // and the warpgroup's MMAs no longer wait for one warp that issued them all: on an H200 GPT-OSS's
+  // window rows after 4096 keys took 1.2% (pages of 64 and 16) and 3.7% (pages of 8) less than with
+  // every box from warp 0 (bench/RESULTS.md).
   const int box_rows = kPaged ? min(p.page_size, 16) : kBlockK, boxes = kBlockK / box_rows;
+  const int my_box = warp + kWarps * lane;  // this lane's box where < boxes
   auto page_of_block = [&](int block) {
-    const int key = blk.key_start + block * kBlockK + lane * box_rows;
-    return lane < boxes && block < num_blocks && key < blk.len_k ? p.page_table[blk.batch * p.page_table_stride + (key >> p.page_shift)]
-                                                                 : 0;  // past the sequence: masked keys, zeroed V rows
+    const int key = blk.key_start + block * kBlockK + my_box * box_rows;
+    return my_box < boxes && block < num_blocks && key < blk.len_k ? p.page_table[blk.batch * p.page_table_stride + (key >> p.page_shift)]
+                                                                   : 0;  // past the sequence: masked keys, zeroed V rows
   };
-  int next_page = kPaged && page_boxes && warp == 0 ? page_of_block(0) : 0;
+  int next_page = kPaged && page_boxes ? page_of_block(0) : 0, page_after_next = kPaged && page_boxes ? page_of_block(1) : 0;
   __syncthreads();
   auto issue_q = [&](unsigned barrier) {
 #pragma unroll
@@ -133,22 +139,25 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
         copies_arrive_on(barrier);
         return;
       }
-      if (warp != 0) return;
-      if (lane == 0) mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + q_bytes);
-      __syncwarp();
-      if (lane == 0 && block == 0) issue_q(barrier);
-      if (lane < boxes) {
+      // Boxes of other warps may complete their bytes on the barrier before this arrival expects
+      // them: the transaction count goes below zero, and the phase still needs the arrival.
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + q_bytes);
+        if (block == 0) issue_q(barrier);
+      }
+      if (my_box < boxes) {
         if (block > 0) fence_async_shared();  // the stage was last written through the generic proxy too (zeroed V rows)
         // The box's row in the caches seen as one tensor of num_pages x page_size rows.
-        const int row = next_page * p.page_size + ((blk.key_start + block * kBlockK + lane * box_rows) & (p.page_size - 1));
-        const unsigned box = lane * box_rows * 128;
+        const int row = next_page * p.page_size + ((blk.key_start + block * kBlockK + my_box * box_rows) & (p.page_size - 1));
+        const unsigned box = my_box * box_rows * 128;
 #pragma unroll
         for (int atom = 0; atom < kHeadDim / 64; ++atom) {
           tma_load_3d(k_tile + atom * kKAtomBytes + box, &p.tensor_maps[kPrefillMapK], barrier, atom * 64, blk.kv_head, row);
           tma_load_3d(k_tile + kTileBytes + atom * kKAtomBytes + box, &p.tensor_maps[kPrefillMapV], barrier, atom * 64, blk.kv_head, row);
         }
       }
-      next_page = page_of_block(block + 1);
+      next_page = page_after_next;
+      page_after_next = page_of_block(block + 2);
     } else {
       if (threadIdx.x != 0) return;
       mbarrier_arrive_expect_tx(barrier, 2 * kTileBytes + q_bytes);
