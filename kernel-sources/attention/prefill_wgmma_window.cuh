@@ -15,10 +15,10 @@
 // ran 3% slower than 2.
 // kPaged (mha_extend_with_kvcache over paged caches, pages of 8 rows or more): a CTA's positions
 // move back so that its band starts on a multiple of 16 keys, and a block's K and V rows come as
-// boxes of 16 rows (8 for pages of 8), each within one page, issued by the warps in turn; caches whose
+// boxes of 16 rows (8 for pages of 8), each within one page, spread over the warps; caches whose
 // pages TMA cannot copy whole come by cp.async from every thread. On an H200 GPT-OSS's window rows
-// after a 4096-token prefix ran at 0.91x the contiguous kernel's speed, against 0.59x for the
-// mma.sync kernel (bench/RESULTS.md).
+// after a 4096-token prefix ran at 0.92x (pages of 64) and 0.91x (16) the contiguous kernel's
+// speed, against 0.59x for the mma.sync kernel (bench/RESULTS.md).
 // Launch: grid (ceil((max_seqlen_q + (kPaged ? 15 : 0)) / positions), Hq / kHeadsPerCta, batch),
 // block 32 * kWarps, dynamic shared memory (16 kWarps + kStages x 2 x kBlockK) x head_dim x 2 +
 // 1024 + 8 kStages bytes; KilnPrefillParams::tensor_maps holds q, k and v (boxes of 16 and kBlockK
