@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     return my_box < boxes && block < num_blocks && key < blk.len_k ? p.page_table[blk.batch * p.page_table_stride + (key >> p.page_shift)]
                                                                    : 0;  // past the sequence: masked keys, zeroed V rows
   };
-  int next_page = kPaged && page_boxes ? page_of_block(0) : 0, page_after_next = kPaged && page_boxes ? page_of_block(1) : 0;
+  const bool page_table_boxes = kPaged && page_boxes;
+  int next_page = page_table_boxes ? page_of_block(0) : 0, page_after_next = page_table_boxes ? page_of_block(1) : 0;
   __syncthreads();
   auto issue_q = [&](unsigned barrier) {
 #pragma unroll
