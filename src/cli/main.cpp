@@ -651,6 +651,8 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Time the selected kernel with CUDA events on rotated inputs (GPU)");
   add_run_options(bench, "Time");
   bench->add_option("--time-ms", target_ms, "Measure for about this long (default 300)");
+  int input_sets = 0;
+  bench->add_option("--input-sets", input_sets, "Rotate this many input sets (default: enough to exceed twice the L2)");
 
   WarmupCommand warm;
   auto* manifests = app.add_subcommand("manifests", "List the model manifests built into kiln");
@@ -745,7 +747,7 @@ int main(int argc, char** argv) {
     }
     if ((*check || *bench) && op.empty()) throw kiln::Error(kiln::ErrorCode::kInvalidArgument, "op: name an operator, or give --manifest");
     if (*check) return kiln::cli::run_check(op, shape_text, seed, kernel_name, as_json);
-    if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json);
+    if (*bench) return kiln::cli::run_bench(op, shape_text, seed, kernel_name, target_ms, as_json, input_sets);
     if (*manifests) return cmd_manifests(as_json);
     if (*warmup) return cmd_warmup(warm, as_json);
     if (*devices || *env) kiln::detail::KernelCache::inspect_only_process();  // they only read
