@@ -23,8 +23,8 @@ def main(raw_path, source_path, label):
                 "launch__occupancy_limit_shared_mem", "sm__sass_inst_executed_op_local_ld.sum", "sm__sass_inst_executed_op_local_st.sum"):
         if key in metrics:
             print(f"  {key} = {metrics[key]}")
-    for key in sorted(metrics):
-        if "pipe_tensor" in key and key.endswith("pct_of_peak_sustained_active"):
+    for key in sorted(metrics):  # the tensor pipes' averages over SMs, where a pipe ran at all
+        if "pipe_tensor" in key and ".avg." in key and key.endswith("pct_of_peak_sustained_active") and metrics[key] not in ("0", ""):
             print(f"  {key} = {metrics[key]}")
     # Stall reasons: warps per issue slot stalled for each reason, largest first.
     stalls = []
@@ -53,6 +53,11 @@ def main(raw_path, source_path, label):
         except (ValueError, IndexError):
             pass
     total = sum(s for s, _ in body) or 1.0
+    # The same reasons as shares of the warp-state samples, which also count warps that were not
+    # eligible to issue (waiting for instructions, for instance) in proportion to the time they wait.
+    shares = {head[i]: sum(float(r[i] or 0) for _, r in body) for i in stall_columns}
+    print("  stalls (share of samples):",
+          ", ".join(f"{name[len('stall_'):]} {100 * v / total:.1f}%" for name, v in sorted(shares.items(), key=lambda x: -x[1])[:10] if v > 0))
     body.sort(key=lambda x: -x[0])
     print(f"  top SASS lines by samples (of {total:.0f}):")
     for s, r in body[:30]:
