@@ -24,7 +24,7 @@ import sys
 
 KERNEL = os.path.join("moe", "apply_stream.cuh")
 
-# (anchor, replacement): each anchor must occur exactly where named (count), and is replaced in full.
+# (anchor, replacement): each anchor must occur exactly once in the kernel, and is replaced in full.
 SUBSTITUTIONS = [
     ("namespace kiln {\n", """namespace kiln {
 __device__ unsigned kiln_tl_count;
@@ -130,11 +130,9 @@ def instrument(src, dst, launch):
         text = f.read()
     for anchor, replacement in SUBSTITUTIONS:
         found = text.count(anchor)
-        if found < 1:
-            sys.exit(f"moe_timeline.py: {KERNEL} no longer holds the anchor\n{anchor}\nupdate SUBSTITUTIONS")
-        # The last occurrence for the kernel's end (the combine loop's), the first for the others.
-        at = text.rfind(anchor) if anchor.startswith("    for (int e = 0; e < width") else text.find(anchor)
-        text = text[:at] + replacement + text[at + len(anchor):]
+        if found != 1:
+            sys.exit(f"moe_timeline.py: {KERNEL} holds {found} copies of the anchor (1 expected)\n{anchor}\nupdate SUBSTITUTIONS")
+        text = text.replace(anchor, replacement)
     text = text.replace("KILN_TL_LAUNCHu", f"{launch}u")
     with open(path, "w") as f:
         f.write(text)

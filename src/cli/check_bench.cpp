@@ -21,6 +21,9 @@
 namespace kiln::cli {
 namespace {
 
+// The most input sets bench rotates, asked for or not.
+constexpr int kMaxInputSets = 32;
+
 using nlohmann::json;
 
 const Platform& gpu_platform() {
@@ -117,9 +120,9 @@ int run_check(const std::string& op_name, const std::string& shape_text, uint64_
 
 int run_bench(const std::string& op_name, const std::string& shape_text, uint64_t seed, const std::string& kernel, double target_ms,
               bool as_json, int input_sets) {
-  if (input_sets < 0 || input_sets > 32)
+  if (input_sets < 0 || input_sets > kMaxInputSets)
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("--input-sets: expected 1 to 32 (or 0 for enough to exceed twice the L2), got {}", input_sets));
+                fmt::format("--input-sets: expected 1 to {} (or 0 for enough to exceed twice the L2), got {}", kMaxInputSets, input_sets));
   tools::ShapeArgs shape = tools::ShapeArgs::parse(shape_text);
   auto problem = tools::make_problem(op_name, shape, seed, false);  // a bad argument is reported with or without a GPU
   const Platform& platform = gpu_platform();
@@ -132,7 +135,7 @@ int run_bench(const std::string& op_name, const std::string& shape_text, uint64_
   // Rotate among input sets that together exceed twice the L2, so no run reads a warm cache.
   const size_t free_bytes = detail::launch_backend().memory_info(platform.device_index).first;
   const size_t per_set = std::max<size_t>(problem->bytes_per_set(), 1);
-  int sets = static_cast<int>(std::min<size_t>(32, (2 * platform.l2_bytes + per_set - 1) / per_set));
+  int sets = static_cast<int>(std::min<size_t>(kMaxInputSets, (2 * platform.l2_bytes + per_set - 1) / per_set));
   sets = std::max(1, std::min(sets, static_cast<int>(free_bytes / 2 / per_set)));
   if (input_sets > 0) {  // asked for: e.g. 1, to see what a warm L2 and TLB are worth
     if (static_cast<size_t>(input_sets) > free_bytes / per_set)
