@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include <unistd.h>
+
 #include "backends/backend.hpp"
 #include "cache/kernel_cache.hpp"
 #include "jit/compiler.hpp"
@@ -18,6 +20,7 @@
 #include "jit/sources.hpp"
 #include "kiln/error.hpp"
 #include "kiln/jit.hpp"
+#include "kiln/log.hpp"
 #include "kiln/ops.hpp"
 #include "kiln/registry.hpp"
 #include "support/signatures.hpp"
@@ -87,12 +90,64 @@ TEST(Compile, EveryKernelForEveryClaimedTarget) {
           return spec->name + " " + p.arch + ": not an ELF CUBIN";
         if (!contains(b, binary->result.lowered_name))
           return spec->name + " " + p.arch + ": entry " + binary->result.lowered_name + " not in the binary";
+        // The compiler reports nothing it made slower than written, such as serialized wgmmas (the
+        // log is empty where a cache from an earlier run served the binary).
+        const auto advisories = detail::backend_for(request.compiler).compile_advisories(binary->result.log);
+        if (!advisories.empty()) return spec->name + " " + p.arch + ": " + advisories.front();
         return "";
       }));
     }
   }
   for (auto& j : jobs) EXPECT_EQ(j.get(), "");
   EXPECT_GE(compiled, 3 * 5) << "each reference kernel claims sm_80 .. sm_120a";
+}
+
+// ptxas's "Potential Performance Loss" advisories, which NVRTC passes on in its log, become
+// warnings naming the kernel: a wgmma behind a function call compiles, but serialized.
+TEST(Compile, CompilerPerformanceAdvisoriesAreWarnings) {
+  const detail::VendorBackend& cuda = detail::backend_for(detail::CompilerKind::kNvrtc);
+  const std::string log =
+      "ptxas info    : (C7519) warpgroup.arrive is injected in around line 33 by compiler to allow use of registers in GMMA in "
+      "function 'k'\n"
+      "ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to wgmma pipeline "
+      "crossing function boundary at a function call in the function 'k'\n";
+  EXPECT_EQ(cuda.compile_advisories(log),
+            std::vector<std::string>{"ptxas (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+                                     "wgmma pipeline crossing function boundary at a function call in the function 'k'"});
+  EXPECT_TRUE(cuda.compile_advisories("").empty());
+
+  detail::CompileRequest r;
+  r.compiler = detail::CompilerKind::kNvrtc;
+  r.kernel_name = "test.serialized_wgmma";
+  r.source_name = "serialized_wgmma.cu";
+  r.source = R"(
+__device__ __noinline__ void serialized_mma(float (&d)[4], unsigned long long a, unsigned long long b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b));
+}
+extern "C" __global__ void serialized_wgmma(float* out, unsigned long long a, unsigned long long b) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  serialized_mma(d, a, b);
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+}
+)";
+  r.options = cuda.base_options(r.compiler);
+  r.options.push_back("-DKILN_TEST_RUN=" + std::to_string(::getpid()));  // a key of its own each run: always compiled
+  r.target = "sm_90a";
+  std::vector<std::string> warnings;
+  set_log_callback([&](LogLevel level, const std::string& m) {
+    if (level == LogLevel::kWarn) warnings.push_back(m);
+  });
+  const auto binary = detail::get_or_compile(r);
+  set_log_callback(nullptr);
+  EXPECT_STREQ(binary->origin, "compiled");
+  ASSERT_EQ(warnings.size(), 1u) << binary->result.log;
+  EXPECT_NE(warnings[0].find("test.serialized_wgmma for sm_90a runs slower than written: ptxas (C7510) Potential Performance Loss"),
+            std::string::npos)
+      << warnings[0];
 }
 
 // W4A8 (act_dtype=e4m3) in the MoE kernels that take it, for every target each claims: the

@@ -81,6 +81,10 @@ class VendorBackend {
   // Why `binary` cannot be this vendor's binary for `target` (not an ELF of its machine, or built
   // for another target), or nullopt. Checked on every binary a compiler returns or a cache serves.
   virtual std::optional<std::string> binary_problem(const std::string& target, const std::vector<uint8_t>& binary) const = 0;
+  // The lines of a successful compile's log that report code the compiler made slower than the
+  // source asks for (ptxas's "Potential Performance Loss": serialized wgmmas and the like). kiln
+  // logs each as a warning: such a kernel runs correctly, but not at the speed it was written for.
+  virtual std::vector<std::string> compile_advisories(const std::string& /*log*/) const { return {}; }
   // Its compilers, what they build of `targets` here, or why not (`kiln devices`).
   virtual void report_compilers(const std::vector<std::string>& targets, const IdentityMemo& memo, std::vector<CompilerReport>& out) = 0;
 

@@ -306,6 +306,9 @@ std::shared_ptr<const CompiledBinary> fetch_or_compile(const CompileRequest& req
   if (auto why = backend.binary_problem(request.target, binary->result.binary)) {
     throw Error::compile_failed(request.kernel_name, request.target, request.options, "the compiler returned no usable binary: " + *why);
   }
+  for (const std::string& advisory : backend.compile_advisories(binary->result.log)) {
+    log(LogLevel::kWarn, fmt::format("{} for {} runs slower than written: {}", request.kernel_name, request.target, advisory));
+  }
   if (check) check(*binary);  // a binary that does not load is never published
   CacheRow row;
   row.key = key;

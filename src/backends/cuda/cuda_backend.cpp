@@ -1,5 +1,7 @@
 // NVIDIA's implementation of the backend interface: the driver API (device.hpp) and NVRTC.
+#include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -94,6 +96,24 @@ class CudaBackend final : public VendorBackend {
     const int wanted = platform_for_target(target).arch_version;
     if (sm != wanted) return fmt::format("a CUBIN for sm_{}, not for {} (ELF flags {:#x})", sm, target, flags);
     return std::nullopt;
+  }
+
+  // NVRTC passes ptxas's advisories on in its log, one a line: "ptxas info    : (C7512) Potential
+  // Performance Loss: wgmma.mma_async instructions are serialized due to ...".
+  std::vector<std::string> compile_advisories(const std::string& log) const override {
+    std::vector<std::string> out;
+    size_t begin = 0;
+    while (begin < log.size()) {
+      const size_t end = std::min(log.find('\n', begin), log.size());
+      const std::string_view line(log.data() + begin, end - begin);
+      const size_t at = line.find("Potential Performance Loss");
+      if (at != std::string_view::npos) {
+        const size_t code = line.rfind('(', at);  // from the advisory's code, "(C7512)", where there is one
+        out.emplace_back("ptxas " + std::string(line.substr(code != std::string_view::npos ? code : at)));
+      }
+      begin = end + 1;
+    }
+    return out;
   }
 
   void report_compilers(const std::vector<std::string>& targets, const IdentityMemo& memo, std::vector<CompilerReport>& out) override {
