@@ -1,7 +1,6 @@
 // NVIDIA's implementation of the backend interface: the driver API (device.hpp) and NVRTC.
-#include <algorithm>
 #include <cstring>
-#include <string_view>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -102,16 +101,12 @@ class CudaBackend final : public VendorBackend {
   // Performance Loss: wgmma.mma_async instructions are serialized due to ...".
   std::vector<std::string> compile_advisories(const std::string& log) const override {
     std::vector<std::string> out;
-    size_t begin = 0;
-    while (begin < log.size()) {
-      const size_t end = std::min(log.find('\n', begin), log.size());
-      const std::string_view line(log.data() + begin, end - begin);
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
       const size_t at = line.find("Potential Performance Loss");
-      if (at != std::string_view::npos) {
-        const size_t code = line.rfind('(', at);  // from the advisory's code, "(C7512)", where there is one
-        out.emplace_back("ptxas " + std::string(line.substr(code != std::string_view::npos ? code : at)));
-      }
-      begin = end + 1;
+      if (at == std::string::npos) continue;
+      const size_t code = line.rfind('(', at);  // from the advisory's code, "(C7512)", where there is one
+      out.push_back("ptxas " + line.substr(code != std::string::npos ? code : at));
     }
     return out;
   }
