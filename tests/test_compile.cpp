@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -135,7 +136,10 @@ extern "C" __global__ void serialized_wgmma(float* out, unsigned long long a, un
 }
 )";
   r.options = cuda.base_options(r.compiler);
-  r.options.push_back("-DKILN_TEST_RUN=" + std::to_string(::getpid()));  // a key of its own each run: always compiled
+  // A key of its own each run, so it is always compiled: a process id alone recurs across runs
+  // that share the test cache.
+  const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+  r.options.push_back("-DKILN_TEST_RUN=" + std::to_string(::getpid()) + "_" + std::to_string(now));
   r.target = "sm_90a";
   std::vector<std::string> warnings;
   set_log_callback([&](LogLevel level, const std::string& m) {
