@@ -596,7 +596,7 @@ def main():
     ap.add_argument("--replot", help="draw the plots of a side_by_side.json from an earlier run into --out, and stop (no GPU needed)")
     ap.add_argument("--quick", action="store_true", help="fewer runs on the slow reference kernels")
     ap.add_argument("--only", choices=["prefill", "decode", "moe", "extend", "append"], help="one operator family")
-    ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window), e.g. c or ab")
+    ap.add_argument("--prefill-cases", help="only the prefill shapes with these letters (a: GPT-OSS d64, b: head_dim 128, c: sliding window, d: head_dim 256), e.g. c or ab")
     ap.add_argument("--extend-shapes", help="only the extend shapes whose name contains one of these, comma-separated (e.g. window)")
     ap.add_argument("--override", action="append", default=[], metavar="OP=KERNEL",
                     help="run kiln's OP on KERNEL instead of the selected one (an A/B of two kernels), e.g. "
@@ -635,6 +635,8 @@ def main():
         ("(b) B=1 S=16384 causal", 1, 16384, 32, 8, 128, True, -1, False),
         ("(c) window 128 S=4096", 1, 4096, 64, 8, 64, True, 128, True),
         ("(c) window 128 S=16384", 1, 16384, 64, 8, 64, True, 128, True),
+        ("(d) gemma-3 d256 S=4096", 1, 4096, 16, 8, 256, True, -1, False),
+        ("(d) gemma-3 d256 S=16384", 1, 16384, 16, 8, 256, True, -1, False),
     ]
     for c in cases if args.only in (None, "prefill") else []:
         if args.prefill_cases and c[0][1] not in args.prefill_cases:

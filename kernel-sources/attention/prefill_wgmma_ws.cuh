@@ -7,8 +7,8 @@
 // shuffles of the block's page-table entries, the copies arriving on the full barrier as they land.
 //
 // Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's key blocks (128 keys; 176
-// for contiguous keys at head_dim 128). Per block j a consumer issues S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor
+// for contiguous keys at head_dim 128, 64 at 256, which only contiguous keys take). Per block j a
+// consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor
 // cores, and rescales O once it lands: the exp2 work of one block hides under the MMAs of the
 // previous one. The consumers take turns to issue (named barriers, in a cycle), so one's softmax
 // overlaps the others' MMAs. A stage is released by each consumer warp as soon as its MMA has read
@@ -40,16 +40,21 @@ namespace kiln {
 
 // The kernel's shape per head dimension; the host's launch rule (src/kernels/prefill_kernel.cpp)
 // mirrors it. At head_dim 64 three consumers give more rows per K and V tile where the MMAs are
-// short; at 128, two fit their 64 x 128 accumulators with room for S and P.
+// short; at 128 and 256, two fit their 64-row accumulators with room for S and P.
 template <int kHeadDim, bool kPaged>
 struct PrefillWsShape {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kPaged), "head_dim 64 or 128, or 256 with contiguous keys");
   enum : int {
     kConsumers = kHeadDim == 64 ? 3 : 2,
     kThreads = 128 * (kConsumers + 1),
     kBlockQ = 64 * kConsumers,
     // Contiguous keys at head_dim 128 come 176 to a block, FlashAttention-3's choice: more MMA
-    // per softmax step within the consumers' 232 registers (S 88, P 44, O 64).
-    kBlockK = kHeadDim == 128 && !kPaged ? 176 : 128,
+    // per softmax step within the consumers' 232 registers (S 88, P 44, O 64). At 256, O takes
+    // 128 registers and 64 keys a block (S 32, P 16) keep Q's 64 KB and two stages of K and V in
+    // shared memory.
+    kBlockK = kHeadDim == 256              ? 64
+              : kHeadDim == 128 && !kPaged ? 176
+                                           : 128,
     // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys
     // take 3, chosen for the cp.async producer and not measured apart since the page boxes.
     kStages = kHeadDim == 64 ? 4

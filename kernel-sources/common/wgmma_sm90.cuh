@@ -166,7 +166,8 @@ KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 128)
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 144)
 KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
-KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs
+KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs, and P V at head_dim 256
+KILN_WGMMA_DEFINE(f16, 256)
 KILN_WGMMA_DEFINE(bf16, 176)  // the prefill kernel's key blocks at head_dim 128
 KILN_WGMMA_DEFINE(f16, 176)
 KILN_WGMMA_DEFINE(bf16, 48)  // the sliding-window kernel's key blocks

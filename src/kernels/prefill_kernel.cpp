@@ -67,7 +67,10 @@ std::optional<std::string> check_paged(const Signature& sig) {
   return std::nullopt;
 }
 
-int key_rows_of(const PrefillKernel& k, int64_t head_dim) { return head_dim == 128 && k.key_rows_d128 > 0 ? k.key_rows_d128 : k.key_rows; }
+int key_rows_of(const PrefillKernel& k, int64_t head_dim) {
+  if (head_dim == 256) return k.key_rows_d256;
+  return head_dim == 128 && k.key_rows_d128 > 0 ? k.key_rows_d128 : k.key_rows;
+}
 
 const char* mode_of(PrefillInput input) {
   switch (input) {
@@ -94,7 +97,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
   const int min_page_size = k.min_page_size;
-  spec.accepts = [windows_only, input, min_page_size](const Signature& sig) -> std::optional<std::string> {
+  const bool head_dim_256 = k.key_rows_d256 > 0 && input == PrefillInput::kContiguous;
+  spec.accepts = [windows_only, input, min_page_size, head_dim_256](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
     if (input == PrefillInput::kPagedDecode) {
       // One new token per sequence is the split decode kernels' work.
@@ -108,6 +112,11 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
       if (min_page_size > 0 && sig.get_int("page_size") < min_page_size) {
         return fmt::format("page_size {} unsupported (supported: {} and up)", sig.get_int("page_size"), min_page_size);
       }
+    }
+    if (head_dim_256) {
+      const int64_t d = sig.get_int("head_dim");
+      if (d != 64 && d != 128 && d != 256) return fmt::format("head_dim {} unsupported (supported: 64, 128, 256)", d);
+      return std::nullopt;
     }
     return check_head_dim_64_or_128(sig);
   };
@@ -203,7 +212,8 @@ PrefillKernel wgmma_ws_kernel(const char* name) {
           .q_box_rows = 64,
           .producer_warpgroup = true,
           .stages_d64 = 4,
-          .key_rows_d128 = 176};  // contiguous keys (PrefillWsShape); the paged form keeps 128
+          .key_rows_d128 = 176,  // contiguous keys (PrefillWsShape); the paged form keeps 128
+          .key_rows_d256 = 64};
 }
 
 }  // namespace kiln::detail

@@ -282,6 +282,38 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
        .window = 200,
        .sinks = false,
        .softcap = 50.0f},  // window without causal, softcap
+      // head_dim 256 (Gemma): 64-key blocks in the warp-specialized kernel, several query
+      // blocks, keys past the last block, GQA, sinks, softcap, a window.
+      {.dtype = DType::kBF16,
+       .d = 256,
+       .hq = 8,
+       .hkv = 2,
+       .lens_q = {300, 1, 129, 0},
+       .lens_k = {300, 70, 129, 5},
+       .causal = true,
+       .window = -1,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 256,
+       .hq = 4,
+       .hkv = 1,
+       .lens_q = {200, 64},
+       .lens_k = {777, 64},
+       .causal = false,
+       .window = -1,
+       .sinks = false,
+       .softcap = 30.0f},
+      {.dtype = DType::kBF16,
+       .d = 256,
+       .hq = 4,
+       .hkv = 4,
+       .lens_q = {500, 130},
+       .lens_k = {500, 200},
+       .causal = true,
+       .window = 100,
+       .sinks = true,
+       .softcap = 0},
       // Many 128-row and 128-key blocks at head_dim 128: window tiles skipped, sinks.
       {.dtype = DType::kBF16,
        .d = 128,
@@ -361,7 +393,7 @@ TEST_F(Gpu, PrefillAcceptsOnlyWhatItComputesRight) {
     Registry::global().set_override(prefill, kernel);
     int ran = 0;
     for (DType dtype : {DType::kBF16, DType::kF16}) {
-      for (int d : {64, 128}) {
+      for (int d : {64, 128, 256}) {
         for (int group : {1, 4}) {
           for (int bits = 0; bits < 32; ++bits) {
             const PrefillCase c{.dtype = dtype,
