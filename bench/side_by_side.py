@@ -671,6 +671,7 @@ def main():
         ("gpt-oss window 128 prefix 4096 +4096 p64", 1, 4096, 4096, 64, 8, 64, 64, 128, True),
         ("gpt-oss window 128 prefix 4100 +4096 p16", 1, 4100, 4096, 64, 8, 64, 16, 128, True),
         ("d128 prefix 4096 +4096 p16", 1, 4096, 4096, 32, 8, 128, 16, -1, False),
+        ("gemma-3 d256 prefix 4096 +4096 p16", 1, 4096, 4096, 16, 8, 256, 16, -1, False),
     ]
     for c in extend_cases if args.only in (None, "extend") else ():
         if args.extend_shapes and not any(part in c[0] for part in args.extend_shapes.split(",")):

@@ -7,7 +7,7 @@
 // shuffles of the block's page-table entries, the copies arriving on the full barrier as they land.
 //
 // Warpgroups 1 .. kConsumers each own 64 query rows and walk the CTA's key blocks (128 keys; 176
-// for contiguous keys at head_dim 128, 64 at 256, which only contiguous keys take). Per block j a
+// for contiguous keys at head_dim 128, 64 at 256). Per block j a
 // consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs block j's softmax while P V is still on the tensor
 // cores, and rescales O once it lands: the exp2 work of one block hides under the MMAs of the
 // previous one. The consumers take turns to issue (named barriers, in a cycle), so one's softmax
@@ -43,7 +43,7 @@ namespace kiln {
 // short; at 128 and 256, two fit their 64-row accumulators with room for S and P.
 template <int kHeadDim, bool kPaged>
 struct PrefillWsShape {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kPaged), "head_dim 64 or 128, or 256 with contiguous keys");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
   enum : int {
     kConsumers = kHeadDim == 64 ? 3 : 2,
     kThreads = 128 * (kConsumers + 1),
@@ -51,15 +51,16 @@ struct PrefillWsShape {
     // Contiguous keys at head_dim 128 come 176 to a block, FlashAttention-3's choice: more MMA
     // per softmax step within the consumers' 232 registers (S 88, P 44, O 64). At 256, O takes
     // 128 registers and 64 keys a block (S 32, P 16) keep Q's 64 KB and two stages of K and V in
-    // shared memory.
+    // shared memory, paged or not.
     kBlockK = kHeadDim == 256              ? 64
               : kHeadDim == 128 && !kPaged ? 176
                                            : 128,
     // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys
     // take 3, chosen for the cp.async producer and not measured apart since the page boxes.
-    kStages = kHeadDim == 64 ? 4
-              : kPaged       ? 3
-                             : 2,
+    kStages = kHeadDim == 64              ? 4
+              : kPaged && kHeadDim == 128 ? 3
+                                          : 2,
+    kLog2BlockK = kBlockK == 64 ? 6 : 7,  // of the paged blocks' keys
     // The entry count is 65536 / kThreads (168 and 128): 40 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
     kProducerRegisters = kHeadDim == 64 ? 32 : 40,
     kConsumerRegisters = kHeadDim == 64 ? 160 : 232,
@@ -88,7 +89,8 @@ struct WarpBlockPages {
   // Every lane of the warp calls it (shuffles), each with its own key of the block.
   __device__ __forceinline__ int of(const KilnPrefillParams& p, int key) const {
     const int local = (key >> p.page_shift) - first_page;
-    if (p.page_shift >= 2) return __shfl_sync(0xffffffffu, page[0], local);  // at most 32 pages a block
+    // At most 32 pages a block (kBlockK >> page_shift <= 32; kBlockK is 64 or 128).
+    if (p.page_shift >= (kBlockK == 64 ? 1 : 2)) return __shfl_sync(0xffffffffu, page[0], local);
     int result = 0;
 #pragma unroll
     for (int e = 0; e < kEntries; ++e) {
@@ -144,8 +146,10 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   // operands in uniform registers, so a warp issues its lanes' boxes one after another: at head_dim
   // 128 and page 16 (16 copies a tile) one warp spent nearly all its time issuing and the consumers
   // waited for K (ncu); warps with nothing to issue would only take issue slots from the consumers.
-  static_assert(!kPaged || kBlockK == 128, "paged tiles are 2^7 keys");
-  const int tma_issuer_shift = page_boxes ? max(0, min(2, 7 - min(p.page_shift, 7) + kAtoms / 2 - 2)) : 0;
+  static_assert(!kPaged || kBlockK == 1 << Shape::kLog2BlockK, "paged tiles are 2^6 or 2^7 keys");
+  // log2 of the copies a tile takes: (kBlockK >> page_shift) boxes a 64-column atom, and kAtoms / 2
+  // is log2(kAtoms) for 1, 2 and 4 atoms.
+  const int tma_issuer_shift = page_boxes ? max(0, min(2, Shape::kLog2BlockK - min(p.page_shift, Shape::kLog2BlockK) + kAtoms / 2 - 2)) : 0;
   const int tma_issuers = 1 << tma_issuer_shift;
 
   if (threadIdx.x == 0) {
@@ -176,13 +180,20 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       }
     }
     if (kPaged && !page_boxes) {
-      // Pages TMA cannot copy: each thread copies chunk `chunk` of rows row0 + j kRowStep (a
-      // multiple of 8, so the swizzled offset moves by whole rows), K and V of a row together.
-      // Rows past the sequence are zero-filled. The next block's page-table entries load while
-      // this block copies.
+      // Pages TMA cannot copy: each thread copies chunk `chunk` of rows row0 + j kRowStep, K and V
+      // of a row together. Rows past the sequence are zero-filled. The next block's page-table
+      // entries load while this block copies.
       enum : int { kRowStep = kProducerThreads / kChunks, kCopies = kBlockK / kRowStep };
       const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks, lane = threadIdx.x & 31;
       const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
+      // Row j's offset from row0's: a multiple of 8 rows keeps the swizzle, so it moves by whole
+      // rows; at head_dim 256 (4 rows a step) odd j sit in the other half of an 8-row group.
+      static_assert(kRowStep % 8 == 0 || kRowStep == 4, "copy steps of whole or half swizzle groups");
+      const unsigned odd_delta = swizzle128_tile_offset(row0 + 4, chunk, kKAtomBytes) - copy_offset;
+      auto row_delta = [&](int j) -> unsigned {
+        if (kRowStep % 8 == 0) return j * kRowStep * 128;
+        return ((j & 1) ? odd_delta : 0u) + (j >> 1) * 8 * 128;
+      };
       const T* k_thread = static_cast<const T*>(p.k) + blk.kv_head * p.k_head_stride + chunk * 8;
       const T* v_thread = static_cast<const T*>(p.v) + blk.kv_head * p.v_head_stride + chunk * 8;
       WarpBlockPages<kBlockK> pages, next_pages;
@@ -201,8 +212,8 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
           const int key = first + j * kRowStep;
           const long long page = pages.of(p, key), row = key & (p.page_size - 1);
           const bool valid = key < blk.len_k;
-          copy16_async_or_zero(k_tile + j * kRowStep * 128, k_thread + page * p.k_page_stride + row * p.k_row_stride, valid);
-          copy16_async_or_zero(v_tile + j * kRowStep * 128, v_thread + page * p.v_page_stride + row * p.v_row_stride, valid);
+          copy16_async_or_zero(k_tile + row_delta(j), k_thread + page * p.k_page_stride + row * p.k_row_stride, valid);
+          copy16_async_or_zero(v_tile + row_delta(j), v_thread + page * p.v_page_stride + row * p.v_row_stride, valid);
         }
         copies_arrive_on(k_full(stage));
         copies_arrive_on(v_full(stage));

@@ -97,7 +97,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
   const int min_page_size = k.min_page_size;
-  const bool head_dim_256 = k.key_rows_d256 > 0 && input == PrefillInput::kContiguous;
+  const bool head_dim_256 = k.key_rows_d256 > 0 && input != PrefillInput::kPagedDecode;
   spec.accepts = [windows_only, input, min_page_size, head_dim_256](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
     if (input == PrefillInput::kPagedDecode) {
@@ -142,7 +142,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.block[0] = static_cast<uint32_t>(2 * rows + (k.producer_warpgroup ? 128 : 0));
     // The Q rows plus the stages of K and V tiles, 16-bit elements, and the mbarriers: with a
     // producer Q's, a partial V block's and four per stage, else one per stage.
-    const int stages = p.head_dim == 64 && k.stages_d64 > 0 ? k.stages_d64 : k.stages;
+    const int stages = p.head_dim == 64 && k.stages_d64 > 0     ? k.stages_d64
+                       : p.head_dim == 256 && k.stages_d256 > 0 ? k.stages_d256
+                                                                : k.stages;
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * key_rows_of(k, p.head_dim)) * p.head_dim * 2) + k.alignment;
     if (k.producer_warpgroup) {
       shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * (2 + 4 * stages));
@@ -213,7 +215,8 @@ PrefillKernel wgmma_ws_kernel(const char* name) {
           .producer_warpgroup = true,
           .stages_d64 = 4,
           .key_rows_d128 = 176,  // contiguous keys (PrefillWsShape); the paged form keeps 128
-          .key_rows_d256 = 64};
+          .key_rows_d256 = 64,
+          .stages_d256 = 2};
 }
 
 }  // namespace kiln::detail

@@ -972,6 +972,26 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                        .page_gap = j == 1 || j == 5 ? 3 : 0});
     }
   }
+  // head_dim 256: 64-key blocks over pages smaller and larger than a block, copied by cp.async
+  // (pages under 8 rows, or with gaps between them) and by TMA.
+  int m = 0;
+  for (int page : {1, 4, 16, 64, 256}) {
+    ++m;
+    cases.push_back({.dtype = m % 2 == 1 ? DType::kBF16 : DType::kF16,
+                     .fp8 = false,
+                     .d = 256,
+                     .hq = 8,
+                     .hkv = 2,
+                     .page_size = page,
+                     .lens_q = {0, 1, 130, 70},
+                     .lens_k = {9, 1 + 64, 130 + 200, 70 + 700},
+                     .causal = m != 3,
+                     .window = m == 4 ? 100 : -1,
+                     .sinks = m % 2 == 1,
+                     .softcap = m == 2 ? 30.0f : 0.0f,
+                     .append = m % 2 == 0,
+                     .page_gap = m == 5 ? 3 : 0});
+  }
   for (bool append : {false, true}) {
     cases.push_back({.dtype = DType::kBF16,
                      .fp8 = true,
