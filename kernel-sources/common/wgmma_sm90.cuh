@@ -103,6 +103,11 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_SS_PRED_64 "setp.ne.b32 p, %34, 0;\n"
 #define KILN_WGMMA_RS_A_64 ", {%32, %33, %34, %35}, %36, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_64 "setp.ne.b32 p, %37, 0;\n"
+#define KILN_WGMMA_D_80 "{" KILN_WGMMA_REGS_80 "}"
+#define KILN_WGMMA_SS_TAIL_80 ", %40, %41, p, 1, 1, 0, 0;\n"
+#define KILN_WGMMA_SS_PRED_80 "setp.ne.b32 p, %42, 0;\n"
+#define KILN_WGMMA_RS_A_80 ", {%40, %41, %42, %43}, %44, p, 1, 1, "
+#define KILN_WGMMA_RS_PRED_80 "setp.ne.b32 p, %45, 0;\n"
 #define KILN_WGMMA_D_128 "{" KILN_WGMMA_REGS_128 "}"
 #define KILN_WGMMA_SS_TAIL_128 ", %64, %65, p, 1, 1, 0, 0;\n"
 #define KILN_WGMMA_SS_PRED_128 "setp.ne.b32 p, %66, 0;\n"
@@ -168,6 +173,8 @@ KILN_WGMMA_DEFINE(f16, 64)
 KILN_WGMMA_DEFINE(f16, 128)
 KILN_WGMMA_DEFINE(bf16, 256)  // the MoE grouped GEMMs, and P V at head_dim 256
 KILN_WGMMA_DEFINE(f16, 256)
+KILN_WGMMA_DEFINE(bf16, 80)  // the prefill kernel's key blocks at head_dim 256
+KILN_WGMMA_DEFINE(f16, 80)
 KILN_WGMMA_DEFINE(bf16, 176)  // the prefill kernel's key blocks at head_dim 128
 KILN_WGMMA_DEFINE(f16, 176)
 KILN_WGMMA_DEFINE(bf16, 48)  // the sliding-window kernel's key blocks

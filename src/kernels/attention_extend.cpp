@@ -22,8 +22,9 @@ KILN_REGISTER_KERNEL(attention_extend_reference_amd) { return detail::amd_regist
 KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
   detail::PrefillKernel k = detail::wgmma_ws_kernel("attention.extend.wgmma_ws");
   k.input = PrefillInput::kPagedExtend;
-  k.stages = 3;         // at head_dim 128 (PrefillWsShape)
-  k.key_rows_d128 = 0;  // 128-key blocks, as at head_dim 64
+  k.stages = 3;          // at head_dim 128 (PrefillWsShape)
+  k.key_rows_d128 = 0;   // 128-key blocks, as at head_dim 64
+  k.key_rows_d256 = 64;  // paged blocks are powers of two (PrefillWsShape)
   return detail::prefill_kernel(k);
 }
 

@@ -215,7 +215,7 @@ PrefillKernel wgmma_ws_kernel(const char* name) {
           .producer_warpgroup = true,
           .stages_d64 = 4,
           .key_rows_d128 = 176,  // contiguous keys (PrefillWsShape); the paged form keeps 128
-          .key_rows_d256 = 64,
+          .key_rows_d256 = 80,
           .stages_d256 = 2};
 }
 
