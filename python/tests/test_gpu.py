@@ -105,6 +105,7 @@ PREFILL_CASES = [
     (torch.float16, 128, 32, 8, False, None, False, None),
     (torch.bfloat16, 128, 32, 8, False, 100, False, None),  # a window without causal masking reaches the end
     (torch.float16, 128, 16, 16, True, None, False, 30.0),
+    (torch.bfloat16, 256, 16, 8, True, None, False, None),   # Gemma's head_dim
 ]
 
 
@@ -219,7 +220,7 @@ def extend_problem(new, prefix, hq, hkv, d, page_size, dtype, seed=4):
 
 
 @pytest.mark.parametrize("page_size, d, window, sinks", [(1, 64, None, True), (16, 128, None, False), (64, 64, 128, True),
-                                                         (256, 128, 50, False)])
+                                                         (256, 128, 50, False), (16, 256, None, False)])
 def test_append_then_extend_equals_attention_over_the_whole_sequence(page_size, d, window, sinks):
     hq, hkv = (64, 8) if d == 64 else (32, 8)
     new, prefix = [300, 1, 77], [0, 4100, 1000]
