@@ -61,7 +61,7 @@ struct PrefillWsShape {
     kStages = kHeadDim == 64              ? 4
               : kPaged && kHeadDim == 128 ? 3
                                           : 2,
-    kLog2BlockK = kBlockK == 64 ? 6 : 7,  // of the paged blocks' keys
+    kLog2BlockK = kBlockK == 64 ? 6 : 7,  // log2 of a paged block's keys (64 or 128; unused otherwise)
     // The entry count is 65536 / kThreads (168 and 128): 40 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
     kProducerRegisters = kHeadDim == 64 ? 32 : 40,
     kConsumerRegisters = kHeadDim == 64 ? 160 : 232,
