@@ -113,12 +113,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
         return fmt::format("page_size {} unsupported (supported: {} and up)", sig.get_int("page_size"), min_page_size);
       }
     }
-    if (head_dim_256) {
-      const int64_t d = sig.get_int("head_dim");
-      if (d != 64 && d != 128 && d != 256) return fmt::format("head_dim {} unsupported (supported: 64, 128, 256)", d);
-      return std::nullopt;
-    }
-    return check_head_dim_64_or_128(sig);
+    return check_head_dim_64_or_128(sig, head_dim_256);
   };
   spec.specialize = [k](const Signature& sig, const Platform&) {
     std::string expression =

@@ -27,11 +27,11 @@ inline std::optional<std::string> check_same_or_e4m3_cache(const Signature& sig)
   return std::nullopt;
 }
 
-// head_dim 64 or 128: the tensor-core kernels' tile shapes.
-inline std::optional<std::string> check_head_dim_64_or_128(const Signature& sig) {
+// head_dim 64 or 128: the tensor-core kernels' tile shapes; with `also_256`, 256 too.
+inline std::optional<std::string> check_head_dim_64_or_128(const Signature& sig, bool also_256 = false) {
   const int64_t d = sig.get_int("head_dim");
-  if (d != 64 && d != 128) return fmt::format("head_dim {} unsupported (supported: 64, 128)", d);
-  return std::nullopt;
+  if (d == 64 || d == 128 || (also_256 && d == 256)) return std::nullopt;
+  return fmt::format("head_dim {} unsupported (supported: 64, 128{})", d, also_256 ? ", 256" : "");
 }
 
 }  // namespace kiln::detail
