@@ -645,7 +645,8 @@ def main():
         rows.append(prefill_case(kiln, *c, l2=l2, quick=args.quick))
         print(json.dumps(rows[-1]), flush=True)
     for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64), ("B128 ctx2048 32/8 d128", 128, 2048, 32, 8, 128),
-                                     ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64)) if args.only in (None, "decode") else ():
+                                     ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128), ("B1 ctx131072 64/8 d64", 1, 131072, 64, 8, 64),
+                                     ("B64 ctx4096 16/8 d256", 64, 4096, 16, 8, 256), ("B4 ctx32768 16/8 d256", 4, 32768, 16, 8, 256)) if args.only in (None, "decode") else ():
         if args.decode_shapes and not any(name.startswith(f"{s} ") for s in args.decode_shapes.split(",")):
             continue
         for page in (1, 16, 64):

@@ -273,6 +273,37 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   EXPECT_EQ(fp8->workspace_bytes(&p, h200), 256 + states(33 * 8, 64));
   shape(8, 32768, 128);
   EXPECT_EQ(grid(fp8->launch_shape(&p, h200)), (std::array<uint32_t, 5>{16 * 8, 1, 1, 256, 0}));
+
+  // head_dim 256 (Gemma): a 16-bit cache's rings take 33 KB a warp, so split CTAs hold 6 warps
+  // (8 would need 264 KB) and unsplit ones 4; an e4m3 cache's 26 KB rings leave room for 8. On a
+  // 99 KB part (sm_120) the CTAs shrink to what fits.
+  const uint32_t warp_bytes_d256 = 2 * 16 * (2 * 264 + 2 * 264);
+  s = shape(4, 32768, 256);
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{16 * 8, 1, 1, 6 * 32, 0}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 6 * warp_bytes_d256 + 128);
+  EXPECT_EQ(spec->workspace_bytes(&p, h200), 256 + states(16 * 8, 256));
+  EXPECT_EQ(grid(fp8->launch_shape(&p, h200)), (std::array<uint32_t, 5>{16 * 8, 1, 1, 256, 0}));
+  s = shape(64, 4096, 256);
+  EXPECT_EQ(grid(s), (std::array<uint32_t, 5>{1, 8, 64, 128, 0}));
+  EXPECT_EQ(s.dynamic_shared_bytes, 4 * warp_bytes_d256 + 128);
+  Platform small = h200;
+  small.shared_memory_per_block = 99 * 1024;
+  shape(4, 32768, 256);
+  EXPECT_EQ(spec->launch_shape(&p, small).block[0], 2u * 32);
+  shape(4, 32768, 128);
+  EXPECT_EQ(spec->launch_shape(&p, small).block[0], 5u * 32);
+  EXPECT_LE(spec->launch_shape(&p, small).dynamic_shared_bytes + 4096, small.shared_memory_per_block);
+}
+
+// Decode at head_dim 256 runs the tensor-core split kernels on sm_90a, up to 8 query rows a KV head.
+TEST(Selector, DecodeHeadDim256OnTensorCores) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "bf16", 256, 2), sm90a)->name, "attention.decode.mma_split");
+  EXPECT_EQ(Registry::global().select(test::decode_signature("f16", "e4m3", 256, 8), sm90a)->name, "attention.decode.mma_split_fp8");
+  const Signature rows16 = test::decode_signature("bf16", "bf16", 256, 16);
+  EXPECT_NE(Registry::global().select(rows16, sm90a)->name, "attention.decode.mma_split");
+  EXPECT_NE(Registry::global().explain(rows16, sm90a).to_text().find("q_len x group = 16 unsupported at head_dim 256 (at most 8)"),
+            std::string::npos);
 }
 
 // MoE on sm_90a: the streaming kernel up to 256 experts (its routing keeps 8 logits per lane),

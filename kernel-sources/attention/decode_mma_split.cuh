@@ -72,8 +72,8 @@ enum : int { kDecodeRingAlign = 128 };
 template <typename Cache, int kHeadDim>
 struct DecodeTileLayout {
   static constexpr bool kFp8 = SameType<Cache, e4m3>::value;
-  // 16-bit K rows padded by 64 bytes at head_dim 64 and 16 at 128 (64 would leave room for 2
-  // CTAs per SM instead of 3, which measured slower); e4m3 rows by 32 bytes.
+  // 16-bit K rows padded by 64 bytes at head_dim 64 and 16 at 128 and 256 (64 would leave room for
+  // 2 CTAs per SM instead of 3 at 128, which measured slower); e4m3 rows by 32 bytes.
   static constexpr int kKRowBytes = kFp8 ? kHeadDim + 32 : 2 * (kHeadDim + (kHeadDim == 64 ? 32 : 8));
   static constexpr int kVRowBytes = kFp8 ? kHeadDim + 16 : 2 * (kHeadDim + 8);
   static constexpr int kStageBytes = 16 * (kKRowBytes + kVRowBytes);
@@ -83,10 +83,12 @@ struct DecodeTileLayout {
 };
 
 // At most 168 registers: three 128-thread CTAs fit an SM (the batch-filled launches use them).
+// At head_dim 256 a warp holds 64 registers of Q fragments and 128 of O: up to 255, one CTA an SM
+// (its shared memory allows no more; attention_decode_mma_split.cpp).
 // kSmallPages: pages of 1 to 8 tokens (a template flag, so the common path keeps its registers:
 // at head_dim 64 with an e4m3 cache two CTAs an SM stay resident only under 128).
 template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup, bool kSmallPages = false>
-__global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
+__global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
   constexpr int kRows = kQLen * kGroup;   // <= 16
@@ -196,7 +198,7 @@ __global__ void __maxnreg__(168) decode_mma_split(const KilnDecodeParams p) {
   // chunks made B8 ctx32768 page 16 2.5% faster and the e4m3 cache up to 8% (bench/RESULTS.md).
   // With a 16-bit cache at head_dim 64 (168 registers, the cap) they made B1 3-6% slower: there
   // each tile's index is read from the table.
-  constexpr bool kPageChunks = Layout::kFp8 || kHeadDim == 128;
+  constexpr bool kPageChunks = Layout::kFp8 || kHeadDim >= 128;
   auto load_page_chunk = [&](int chunk) -> int {
     const int tile = first_tile + (32 * chunk + lane) * stride;
     return kPageChunks && tile < t1 ? pages[tile >> page_shift] : 0;

@@ -166,9 +166,10 @@ def decode_reference(q, k_cache, v_cache, table, lens, q_len, **options):
     (torch.bfloat16, 64, 4, 64, 128, True),
     (torch.float16, 128, 1, 32, None, False),
     (torch.float16, 128, 8, 16, None, False),
+    (torch.bfloat16, 256, 1, 16, 1024, False),  # Gemma-3's head_dim and local window
 ])
 def test_decode_matches_float64_with_shuffled_pages(dtype, d, q_len, page_size, window, sinks):
-    hq, hkv = (64, 8) if d == 64 else (32, 8)
+    hq, hkv = {64: (64, 8), 128: (32, 8), 256: (16, 8)}[d]
     lengths = [1000, 17, 4096, 300]
     q, kc, vc, table, lens = paged_problem(4, lengths, hq, hkv, d, page_size, dtype, q_len)
     sink = torch.randn(hq, device=DEV) if sinks else None

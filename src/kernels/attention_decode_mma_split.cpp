@@ -21,9 +21,9 @@ constexpr int64_t kMinTokensPerRange = 256;
 constexpr int kCopyStages = 2;
 constexpr uint32_t kRingAlignSlack = 128;
 
-// q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64
-// or 128, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 at most 8
-// (static shared memory: 48 KB).
+// q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64,
+// 128 or 256, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 and
+// 256 at most 8.
 std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp8_cache) {
   if (auto why = detail::check_16bit_dtype(sig)) return why;
   const std::string& dtype = sig.get("dtype");
@@ -33,14 +33,14 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
                        fp8_cache ? "e4m3; a 16-bit cache runs on attention.decode.mma_split"
                                  : "the same as dtype; an e4m3 cache runs on attention.decode.mma_split_fp8");
   }
-  if (auto why = detail::check_head_dim_64_or_128(sig)) return why;
+  if (auto why = detail::check_head_dim_64_or_128(sig, /*also_256=*/true)) return why;
   const int64_t d = sig.get_int("head_dim");
   const int64_t page = sig.get_int("page_size");
   if (page < 1 || page > 256 || (page & (page - 1)) != 0) {
     return fmt::format("page_size {} unsupported (supported: powers of two from 1 to 256)", page);
   }
   const int64_t rows = sig.get_int("q_len") * sig.get_int("group");
-  const int64_t limit = d == 128 ? std::min<int64_t>(max_rows, 8) : max_rows;
+  const int64_t limit = d >= 128 ? std::min<int64_t>(max_rows, 8) : max_rows;
   if (rows > limit) return fmt::format("q_len x group = {} unsupported at head_dim {} (at most {})", rows, d, limit);
   return std::nullopt;
 }
@@ -55,9 +55,18 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
   return static_cast<uint32_t>(kCopyStages * 16 * (k_row + v_row) + staging);
 }
 
+// Warps per CTA: `wanted`, or as many as the GPU's shared memory per block holds rings for (at
+// head_dim 256 a 16-bit cache's rings take 33 KB a warp: 6 of them on Hopper's 227 KB).
+int64_t warps_that_fit(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache, int64_t wanted) {
+  constexpr int64_t kStaticSharedSlack = 4096;  // the kernel's static arrays: about 1.2 KB
+  const int64_t room = static_cast<int64_t>(platform.shared_memory_per_block) - kRingAlignSlack - kStaticSharedSlack;
+  return std::clamp<int64_t>(room / warp_shared_bytes(p.head_dim, fp8_cache), 1, wanted);
+}
+
 // The grid and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit,
-// grid (1, Hkv, batch), 4 warps per CTA (up to three or four CTAs per SM). A smaller batch gets
-// 8-warp CTAs, one per SM, grid (G Hkv): G = SMs / Hkv ranges (the Hkv CTAs of a range read the
+// grid (1, Hkv, batch), 4 warps per CTA (up to three or four CTAs per SM; one at head_dim 256,
+// where 6 warps measured no faster). A smaller batch gets 8-warp CTAs (at head_dim 256 what fits:
+// warps_that_fit), one per SM, grid (G Hkv): G = SMs / Hkv ranges (the Hkv CTAs of a range read the
 // same tokens), at least kMinTokensPerRange of the longest context each. An e4m3 cache at head_dim
 // 64 gets twice the ranges, two CTAs per SM, both resident (under 128 registers a thread and 64 KB
 // of shared memory each; the GPU test SplitDecodeGridIsOneWave asks the driver): its tiles carry
@@ -81,8 +90,9 @@ DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, bool
   const int64_t max_context = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
   const int64_t sms = std::max(platform.multiprocessor_count, 1);
   // The split kernel counts the batch's tiles in 32 bits.
-  if (pairs >= sms || p.batch > kiln_decode_split_max_batch || p.batch * max_context >= (int64_t{1} << 31)) return DecodeGrid{0, 4};
-  const int64_t warps = 8;
+  if (pairs >= sms || p.batch > kiln_decode_split_max_batch || p.batch * max_context >= (int64_t{1} << 31))
+    return DecodeGrid{0, warps_that_fit(p, platform, fp8_cache, 4)};
+  const int64_t warps = warps_that_fit(p, platform, fp8_cache, 8);
   // The last CTA of a pair keeps two floats per piece and row in its dynamic shared memory
   // (decode_merge.cuh): at most this many pieces.
   const int64_t max_parts = warps * warp_shared_bytes(p.head_dim, fp8_cache) / (8 * std::max<int64_t>(query_rows(p), 1));

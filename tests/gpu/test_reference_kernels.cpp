@@ -720,6 +720,49 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
        .seqlens = {20000, 9000, 17},
        .window = -1,
        .sinks = true},
+      // head_dim 256 (Gemma: 16 query heads on 8 KV heads): split 6-warp CTAs over a ragged batch,
+      // 8 query rows with a window (Gemma-3's local layers), unsplit 4-warp CTAs (20 x 8 pairs),
+      // and an e4m3 cache.
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 256,
+       .hq = 16,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {0, 1, 17, 300, 5000},
+       .window = -1,
+       .sinks = false},
+      {.dtype = DType::kF16,
+       .fp8 = false,
+       .d = 256,
+       .hq = 8,
+       .hkv = 2,
+       .page_size = 64,
+       .q_len = 2,
+       .seqlens = {2000, 2, 1500},
+       .window = 1024,
+       .sinks = true},
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 256,
+       .hq = 16,
+       .hkv = 8,
+       .page_size = 32,
+       .q_len = 1,
+       .seqlens = {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400},
+       .window = -1,
+       .sinks = true},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 256,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {8000, 33, 1},
+       .window = 1024,
+       .sinks = false},
   };
   run_decode_cases(rng, cases, 2);
 }
@@ -733,7 +776,9 @@ TEST_F(Gpu, DecodeEveryPageSizeAndSpeculativeLength) {
     for (int q_len : {1, 3, 16}) {
       cases.push_back({.dtype = page % 4 == 0 ? DType::kBF16 : DType::kF16,
                        .fp8 = false,
-                       .d = page >= 64 ? 128 : 64,
+                       .d = page >= 128  ? 256
+                            : page >= 64 ? 128
+                                         : 64,
                        .hq = 16,
                        .hkv = 2,
                        .page_size = page,
@@ -2066,7 +2111,8 @@ TEST_F(Gpu, SplitDecodeGridIsOneWave) {
     const char* kv_dtype;
     int64_t head_dim, group;
   };
-  for (const Config& c : {Config{"bf16", 64, 8}, Config{"bf16", 128, 4}, Config{"e4m3", 64, 8}, Config{"e4m3", 128, 4}}) {
+  for (const Config& c : {Config{"bf16", 64, 8}, Config{"bf16", 128, 4}, Config{"bf16", 256, 2}, Config{"e4m3", 64, 8},
+                          Config{"e4m3", 128, 4}, Config{"e4m3", 256, 2}}) {
     const Signature sig = decode_signature("bf16", c.kv_dtype, c.head_dim, c.group);
     const auto spec = Registry::global().select(sig, platform);
     KilnDecodeParams p{};
