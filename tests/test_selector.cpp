@@ -661,7 +661,11 @@ TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
   }
   const Signature d256 = test::prefill_signature("f16", 256, 8, true);
   EXPECT_EQ(Registry::global().select(d256, platform_for_target("sm_90a"))->name, "attention.prefill.wgmma_ws");
-  EXPECT_EQ(Registry::global().select(d256, platform_for_target("sm_80"))->name, "attention.prefill.reference");
+  for (const char* arch : {"sm_80", "sm_86", "sm_100a", "sm_120a"}) {
+    const Platform p = platform_for_target(arch);
+    EXPECT_EQ(Registry::global().select(d256, p)->name, "attention.prefill.mma") << arch;
+    EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "bf16", 256, 8), p)->name, "attention.extend.mma") << arch;
+  }
   EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "bf16", 256, 8), platform_for_target("sm_90a"))->name,
             "attention.extend.wgmma_ws");
 }

@@ -45,7 +45,7 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   constexpr int kKeyTiles = kBlockK / 8;  // n-tiles of S
   constexpr int kRowBytes = kHeadDim * 2, kTileBytes = kBlockK * kRowBytes;
   constexpr int kCopyRows = kThreads / kChunks;  // rows of a K or V tile one pass of the CTA copies
-  static_assert(kBlockK % 16 == 0 && kBlockK % kCopyRows == 0 && kCopyRows % 8 == 0, "whole copies, one swizzle phase per thread");
+  static_assert(kBlockK % 16 == 0 && kBlockK % kCopyRows == 0 && (kCopyRows % 8 == 0 || 8 % kCopyRows == 0), "whole copies");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned q_tile = shared_address(shared_bytes);  // row 16 w + r: warp w's row r
   const unsigned kv_tiles = q_tile + kRows * kRowBytes;  // [kStages][K | V]
@@ -76,12 +76,18 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
 
   // K and V of key block `block` into stage block % kStages, as one cp.async group (empty past the
   // last block, so every thread always has the same groups in flight): the thread copies chunk
-  // `copy_chunk` of rows copy_row + j kCopyRows, whose swizzled offsets differ by whole rows. Keys
-  // no row of the CTA sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
+  // `copy_chunk` of rows copy_row + j kCopyRows (copy_step(j) past the first). Keys no row of the
+  // CTA sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
   const T* k_rows = static_cast<const T*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + threadIdx.x % kChunks * 8;
   const T* v_rows = static_cast<const T*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + threadIdx.x % kChunks * 8;
   const int copy_row = threadIdx.x / kChunks, copy_chunk = threadIdx.x % kChunks;
   const unsigned copy_offset = swizzled(copy_row, copy_chunk, kChunks);
+  // Copy j's swizzled offset from the first copy's: whole rows where a pass copies whole 8-row
+  // swizzle groups; at head_dim 256 (4 rows a pass) odd copies sit in the other half of a group.
+  auto copy_step = [&](int j) -> unsigned {
+    if constexpr (kCopyRows % 8 == 0) return j * kCopyRows * kRowBytes;
+    return swizzled(copy_row + j * kCopyRows, copy_chunk, kChunks) - copy_offset;
+  };
   // Paged: the pages of the rows this thread copies for the next block, read an iteration ahead.
   KeyPages<kPaged, kBlockK / kCopyRows> pages;
   auto read_pages = [&](int block) { pages.read(p, blk, blk.key_start + block * kBlockK + copy_row, kCopyRows); };
@@ -98,8 +104,8 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
       const bool valid = row_key < blk.key_end;
       const long long k_at = valid ? pages.offset(p, j, row_key, p.k_row_stride, p.k_page_stride) : 0;
       const long long v_at = valid ? pages.offset(p, j, row_key, p.v_row_stride, p.v_page_stride) : 0;
-      copy16_async_or_zero(k_tile + j * kCopyRows * kRowBytes, k_rows + k_at, valid);
-      copy16_async_or_zero(k_tile + kTileBytes + j * kCopyRows * kRowBytes, v_rows + v_at, valid);
+      copy16_async_or_zero(k_tile + copy_step(j), k_rows + k_at, valid);
+      copy16_async_or_zero(k_tile + kTileBytes + copy_step(j), v_rows + v_at, valid);
     }
     commit_copies();
   };
@@ -180,8 +186,8 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
 }
 
 // Registers are budgeted, at 4 warps, for 3 CTAs per SM at head_dim 64 (170 per thread), 4 with
-// 48-key blocks, whose S tile is smaller (128), and 2 at head_dim 128 (255); 8-warp CTAs get half
-// as many.
+// 48-key blocks, whose S tile is smaller (128), and 2 at head_dim 128 and 256 (255; at 256 Q's
+// fragments and O alone take 192, with 32-key blocks); 8-warp CTAs get half as many.
 #define KILN_PREFILL_MMA_BOUNDS                                                                  \
   __launch_bounds__(kWarps * 32, (kHeadDim == 64 ? (kBlockK <= 48 ? 16 : 12) : 8) / kWarps > 0   \
                                      ? (kHeadDim == 64 ? (kBlockK <= 48 ? 16 : 12) : 8) / kWarps \

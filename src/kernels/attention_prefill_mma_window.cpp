@@ -12,6 +12,7 @@ KILN_REGISTER_KERNEL(attention_prefill_mma_window) {
   k.windows_only = k.packs_heads = true;
   k.key_rows = 48;
   k.stages = 3;
+  k.key_rows_d256 = 0;  // head_dim 256 (Gemma's windows of thousands of keys): the general kernel
   return detail::prefill_kernel(k);
 }
 

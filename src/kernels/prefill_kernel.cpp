@@ -72,6 +72,11 @@ int key_rows_of(const PrefillKernel& k, int64_t head_dim) {
   return head_dim == 128 && k.key_rows_d128 > 0 ? k.key_rows_d128 : k.key_rows;
 }
 
+int stages_of(const PrefillKernel& k, int64_t head_dim) {
+  if (head_dim == 64 && k.stages_d64 > 0) return k.stages_d64;
+  return head_dim == 256 && k.stages_d256 > 0 ? k.stages_d256 : k.stages;
+}
+
 const char* mode_of(PrefillInput input) {
   switch (input) {
     case PrefillInput::kPagedExtend: return kModeExtend;
@@ -97,7 +102,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
   const int min_page_size = k.min_page_size;
-  const bool head_dim_256 = k.key_rows_d256 > 0 && input != PrefillInput::kPagedDecode;
+  const bool head_dim_256 = k.key_rows_d256 > 0;
   spec.accepts = [windows_only, input, min_page_size, head_dim_256](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
     if (input == PrefillInput::kPagedDecode) {
@@ -119,8 +124,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     std::string expression =
         fmt::format("kiln::{}<kiln::{}, {}, {}", k.entry, sig.get("dtype"), sig.get_int("head_dim"), sig.get_int("softcap") != 0);
     if (k.warps > 0) {
-      expression +=
-          fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1, k.key_rows, k.stages);
+      const int64_t d = sig.get_int("head_dim");
+      expression += fmt::format(", {}, {}, {}, {}", k.warps, k.packs_heads ? packed_heads(sig.get_int("group"), k.warps) : 1,
+                                key_rows_of(k, d), stages_of(k, d));
     }
     if (k.input == PrefillInput::kPagedExtend) expression += ", true";  // kPaged
     return Specialization{expression + ">", {}};
@@ -137,9 +143,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     shape.block[0] = static_cast<uint32_t>(2 * rows + (k.producer_warpgroup ? 128 : 0));
     // The Q rows plus the stages of K and V tiles, 16-bit elements, and the mbarriers: with a
     // producer Q's, a partial V block's and four per stage, else one per stage.
-    const int stages = p.head_dim == 64 && k.stages_d64 > 0     ? k.stages_d64
-                       : p.head_dim == 256 && k.stages_d256 > 0 ? k.stages_d256
-                                                                : k.stages;
+    const int stages = stages_of(k, p.head_dim);
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * key_rows_of(k, p.head_dim)) * p.head_dim * 2) + k.alignment;
     if (k.producer_warpgroup) {
       shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * (2 + 4 * stages));
@@ -174,7 +178,10 @@ PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
           .min_arch = 80,
           .features = {"mma:mma_sync", "memory:cp_async"},
           .key_rows = 64,
-          .stages = 2};
+          .stages = 2,
+          // head_dim 256: 32-key tiles, so that Q and two stages (96 KB) fit the 99 KB of sm_86,
+          // sm_89 and sm_120, and S (16 registers) beside Q's fragments (64) and O (128).
+          .key_rows_d256 = 32};
 }
 
 PrefillKernel wgmma_window_kernel(const char* name) {

@@ -40,7 +40,7 @@ struct PrefillKernel {
   bool producer_warpgroup = false;  // one more warpgroup copies; K and V rings of full and empty mbarriers
   int stages_d64 = 0;               // stages at head_dim 64 where they differ (0: `stages`)
   int key_rows_d128 = 0;            // rows of each K and V tile at head_dim 128 where they differ (0: `key_rows`)
-  int key_rows_d256 = 0;            // > 0: takes head_dim 256 too (not paged decode), with K and V tiles of this many rows
+  int key_rows_d256 = 0;            // > 0: takes head_dim 256 too, with K and V tiles of this many rows
   int stages_d256 = 0;              // stages at head_dim 256 where they differ (0: `stages`)
   int page_box_rows = 0;            // paged, with tma: rows of one K or V copy at most (0: the tile's); pages bound them too
   int min_page_size = 0;            // paged: smaller pages go to other kernels
