@@ -295,6 +295,30 @@ TEST(Selector, DecodeSplitGridFollowsTheBatch) {
   EXPECT_LE(spec->launch_shape(&p, small).dynamic_shared_bytes + 4096, small.shared_memory_per_block);
 }
 
+// The split decode kernels need mma.sync, ldmatrix and cp.async (sm_80), and for an e4m3 cache
+// the cvt to f16 pairs (sm_89); on a 99 KB part (sm_86) their CTAs hold the warps that fit.
+TEST(Selector, DecodeTensorCoresFromSm80) {
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"}) {
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "bf16", 128, 8), platform_for_target(arch))->name,
+              "attention.decode.mma_split")
+        << arch;
+  }
+  const Signature fp8 = test::decode_signature("bf16", "e4m3", 64, 8);
+  EXPECT_EQ(Registry::global().select(fp8, platform_for_target("sm_89"))->name, "attention.decode.mma_split_fp8");
+  for (const char* arch : {"sm_80", "sm_86"}) {
+    const Platform p = platform_for_target(arch);
+    EXPECT_EQ(Registry::global().select(fp8, p)->name, "attention.decode.reference") << arch;
+    EXPECT_NE(Registry::global().explain(fp8, p).to_text().find("needs arch version >= 89"), std::string::npos) << arch;
+  }
+  const auto spec = Registry::global().find("attention.decode.mma_split");
+  const Platform sm86 = platform_for_target("sm_86");
+  KilnDecodeParams p{};
+  p.batch = 1, p.q_len = 1, p.num_heads_kv = 8, p.num_heads_q = 64, p.head_dim = 128, p.page_size = 16, p.max_pages_per_seq = 2048;
+  const LaunchShape shape = spec->launch_shape(&p, sm86);
+  EXPECT_GT(shape.grid[0], 1u) << "split";
+  EXPECT_LE(shape.dynamic_shared_bytes, sm86.shared_memory_per_block);
+}
+
 // Decode at head_dim 256 runs the tensor-core split kernels on sm_90a, up to 8 query rows a KV head.
 TEST(Selector, DecodeHeadDim256OnTensorCores) {
   const Platform sm90a = platform_for_target("sm_90a");

@@ -1,7 +1,8 @@
-// Registration of the split-KV decode kernel (sm_90+, kernel-sources/attention/decode_mma_split.cuh):
-// tensor cores over the GQA group; a small batch is split into ranges of about equal tiles, dealt to
-// its sequences by length, and the partial states of a (sequence, KV head) pair are merged through
-// the workspace by the last of its CTAs to finish (attention/decode_merge.cuh).
+// Registration of the split-KV decode kernel (kernel-sources/attention/decode_mma_split.cuh; sm_80
+// on, sm_89 on for an e4m3 cache): tensor cores over the GQA group; a small batch is split into
+// ranges of about equal tiles, dealt to its sequences by length, and the partial states of a
+// (sequence, KV head) pair are merged through the workspace by the last of its CTAs to finish
+// (attention/decode_merge.cuh).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -118,7 +119,8 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   spec.priority = Priority::kSpecialized;
   spec.specificity = 3;
   spec.requirements.vendor = Vendor::kNvidia;
-  spec.requirements.min_arch = 90;
+  // mma.sync, ldmatrix and cp.async: sm_80 on; the e4m3 cache's cvt to f16 pairs from sm_89.
+  spec.requirements.min_arch = fp8_cache ? 89 : 80;
   spec.source = "attention/decode_mma_split.cuh";
   spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
   spec.specialize = [](const Signature& sig, const Platform&) {
