@@ -24,7 +24,8 @@ constexpr uint32_t kRingAlignSlack = 128;
 
 // q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64,
 // 128 or 256, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 and
-// 256 at most 8.
+// 256 at most 8 (a limit from the kernel's first form, whose per-warp sums sat in 48 KB of static
+// shared memory; they now reuse the rings, and more rows have not been tested).
 std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp8_cache) {
   if (auto why = detail::check_16bit_dtype(sig)) return why;
   const std::string& dtype = sig.get("dtype");
