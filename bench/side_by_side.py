@@ -656,13 +656,18 @@ def main():
         settle(rows)
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
-    # Speculative verification: 4 and 16 tokens per sequence against one (the rows above).
-    for name, B, ctx, Hq, Hkv, D in (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64),) if args.only in (None, "decode") else ():
+    # Speculative verification: several tokens per sequence against one (the rows above), and the
+    # first with an e4m3 cache. kiln's split kernels take up to 64 query rows a KV head (32 at
+    # head_dim 256), its paged prefill kernel more (q_len 16 at group 8).
+    spec_shapes = (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64, (4, 16)), ("B4 ctx32768 64/8 d64", 4, 32768, 64, 8, 64, (4, 8)),
+                   ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128, (4, 8)), ("B4 ctx32768 16/8 d256", 4, 32768, 16, 8, 256, (8, 16)))
+    for name, B, ctx, Hq, Hkv, D, q_lens in spec_shapes if args.only in (None, "decode") else ():
         if args.decode_shapes and not any(name.startswith(f"{s} ") for s in args.decode_shapes.split(",")):
             continue
-        for q_len in (4, 16):
+        for q_len, fp8 in [(q, False) for q in q_lens] + [(q_lens[0], True)]:
             settle(rows)
-            rows.append(decode_case(kiln, f"{name} p16 q_len{q_len}", B, ctx, Hq, Hkv, D, 16, l2, args.quick, q_len=q_len))
+            label = f"{name} p16 q_len{q_len}" + (" fp8" if fp8 else "")
+            rows.append(decode_case(kiln, label, B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=fp8, q_len=q_len))
             print(json.dumps(rows[-1]), flush=True)
     extend_cases = [
         ("gpt-oss prefix 0 +4096 p64", 1, 0, 4096, 64, 8, 64, 64, -1, False),

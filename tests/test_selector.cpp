@@ -319,15 +319,60 @@ TEST(Selector, DecodeTensorCoresFromSm80) {
   EXPECT_LE(shape.dynamic_shared_bytes, sm86.shared_memory_per_block);
 }
 
-// Decode at head_dim 256 runs the tensor-core split kernels on sm_90a, up to 8 query rows a KV head.
+// Decode at head_dim 256 runs the tensor-core split kernels on sm_90a, up to 16 query rows a KV
+// head with a 16-bit cache (the paged prefill kernel takes more) and 32 with an e4m3 one.
 TEST(Selector, DecodeHeadDim256OnTensorCores) {
   const Platform sm90a = platform_for_target("sm_90a");
-  EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "bf16", 256, 2), sm90a)->name, "attention.decode.mma_split");
-  EXPECT_EQ(Registry::global().select(test::decode_signature("f16", "e4m3", 256, 8), sm90a)->name, "attention.decode.mma_split_fp8");
-  const Signature rows16 = test::decode_signature("bf16", "bf16", 256, 16);
-  EXPECT_NE(Registry::global().select(rows16, sm90a)->name, "attention.decode.mma_split");
-  EXPECT_NE(Registry::global().explain(rows16, sm90a).to_text().find("q_len x group = 16 unsupported at head_dim 256 (at most 8)"),
+  EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "bf16", 256, 2, 16, 8), sm90a)->name, "attention.decode.mma_split");
+  EXPECT_EQ(Registry::global().select(test::decode_signature("f16", "e4m3", 256, 8, 16, 4), sm90a)->name, "attention.decode.mma_split_fp8");
+  const Signature rows32 = test::decode_signature("bf16", "bf16", 256, 2, 16, 16);
+  EXPECT_EQ(Registry::global().select(rows32, sm90a)->name, "attention.decode.prefill_mma");
+  EXPECT_NE(Registry::global().explain(rows32, sm90a).to_text().find("q_len x group = 32 unsupported at head_dim 256 (at most 16)"),
             std::string::npos);
+}
+
+// Speculative verification over a GQA group stays on the split kernels up to 32 query rows a KV
+// head with a 16-bit cache and 64 with an e4m3 one (16 and 32 at head_dim 256); their CTAs then
+// have a multiple of the row tiles' count of warps, and rings that fit the shared memory of a
+// 99 KB part (sm_89).
+TEST(Selector, DecodeSpeculativeRowsOnTensorCores) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  for (int64_t d : {64, 128}) {
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "bf16", d, 8, 16, 4), sm90a)->name, "attention.decode.mma_split")
+        << d;
+    const Signature rows40 = test::decode_signature("bf16", "bf16", d, 8, 16, 5);
+    EXPECT_EQ(Registry::global().select(rows40, sm90a)->name, "attention.decode.prefill_mma") << d;
+    EXPECT_NE(Registry::global().explain(rows40, sm90a).to_text().find("q_len x group = 40 unsupported at head_dim " + std::to_string(d)),
+              std::string::npos);
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", d, 8, 16, 8), sm90a)->name, "attention.decode.mma_split_fp8")
+        << d;
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", d, 8, 16, 9), sm90a)->name, "attention.decode.reference")
+        << d;
+  }
+  for (const bool fp8 : {false, true}) {
+    const auto spec = Registry::global().find(fp8 ? "attention.decode.mma_split_fp8" : "attention.decode.mma_split");
+    for (const char* arch : {"sm_89", "sm_90a"}) {
+      const Platform platform = platform_for_target(arch);
+      for (int head_dim : {64, 128, 256}) {
+        for (int q_len : {1, 2, 3, 4, 8}) {
+          for (int batch : {1, 64}) {
+            const int64_t rows = int64_t{q_len} * 8;
+            if (rows > (head_dim == 256 ? 16 : 32) * (fp8 ? 2 : 1)) continue;
+            KilnDecodeParams p{};
+            p.batch = batch, p.q_len = q_len, p.num_heads_kv = 8, p.num_heads_q = 64, p.head_dim = head_dim;
+            p.page_size = 16, p.max_pages_per_seq = 512;
+            const LaunchShape shape = spec->launch_shape(&p, platform);
+            const uint32_t warps = shape.block[0] / 32, row_tiles = static_cast<uint32_t>((rows + 15) / 16);
+            const std::string what = spec->name + " " + arch + " d" + std::to_string(head_dim) + " q_len " + std::to_string(q_len) + " B" +
+                                     std::to_string(batch);
+            EXPECT_GE(warps, row_tiles) << what;
+            EXPECT_EQ(warps % row_tiles, 0u) << what;
+            EXPECT_LE(shape.dynamic_shared_bytes, platform.shared_memory_per_block) << what;
+          }
+        }
+      }
+    }
+  }
 }
 
 // MoE on sm_90a: the streaming kernel up to 256 experts (its routing keeps 8 logits per lane),

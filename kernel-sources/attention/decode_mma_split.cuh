@@ -1,9 +1,12 @@
 // Paged decode attention on tensor cores, the KV sequence split over CTAs that merge through the
 // workspace.
 //
-// The query rows that share a KV head (q_len new tokens x the GQA group, at most 16) form the
-// M = 16 side of mma.sync m16n8k16: per tile of 16 tokens a warp computes S = Q K^T (two n-tiles
-// of 8 tokens) and O += P V, with one online-softmax rescale per tile. Each warp double-buffers its
+// The query rows that share a KV head (q_len new tokens x the GQA group, at most 64) form the
+// M side of mma.sync m16n8k16, 16 rows a warp: per tile of 16 tokens a warp computes S = Q K^T
+// (two n-tiles of 8 tokens) and O += P V for its 16 rows, with one online-softmax rescale per
+// tile. With more than 16 rows (speculative verification over a GQA group) the CTA's warps take
+// the row tiles in turn, warp w rows 16 (w % R) on of R tiles, and the warps of one row tile split
+// the tokens; each warp keeps its own copy ring and the registers of 16 rows. Each warp double-buffers its
 // K and V tiles in dynamic shared memory with cp.async (zero-filled past the end), so the next
 // tile loads while this one computes. K fragments are read 16 bytes at a time: within each
 // 32-dimension block lane quad c takes dims 8c..8c+7 of one token, and the same permutation of
@@ -84,14 +87,22 @@ struct DecodeTileLayout {
 
 // At most 168 registers: three 128-thread CTAs fit an SM (the batch-filled launches use them).
 // At head_dim 256 a warp holds 64 registers of Q fragments and 128 of O: up to 255, one CTA an SM
-// (its shared memory allows no more; attention_decode_mma_split.cpp).
-// kSmallPages: pages of 1 to 8 tokens (a template flag, so the common path keeps its registers:
-// at head_dim 64 with an e4m3 cache two CTAs an SM stay resident only under 128).
+// (its shared memory allows no more; attention_decode_mma_split.cpp). At head_dim 64 with an e4m3
+// cache at most 128, so that two 8-warp CTAs an SM stay resident (the launch counts on it; 16
+// query rows took 131 uncapped).
+// kSmallPages: pages of 1 to 8 tokens (a template flag, so the common path keeps its registers).
+template <typename Cache, int kHeadDim>
+struct DecodeRegisterCap {
+  enum { value = kHeadDim == 256 ? 255 : kHeadDim == 64 && SameType<Cache, e4m3>::value ? 128 : 168 };
+};
 template <typename T, typename Cache, int kHeadDim, int kQLen, int kGroup, bool kSmallPages = false>
-__global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const KilnDecodeParams p) {
+__global__ void __maxnreg__((DecodeRegisterCap<Cache, kHeadDim>::value)) decode_mma_split(const KilnDecodeParams p) {
   typedef typename MmaType<T, Cache>::type M;
   typedef DecodeTileLayout<Cache, kHeadDim> Layout;
-  constexpr int kRows = kQLen * kGroup;   // <= 16
+  constexpr int kRows = kQLen * kGroup;  // <= 64
+  constexpr int kRowTiles = (kRows + 15) / 16;
+  constexpr int kMaxTokenWarps = kDecodeMaxWarps / kRowTiles;
+  static_assert(kRowTiles <= 4, "at most 64 query rows a KV head");
   constexpr int kTile = kDecodeTile;      // tokens per warp iteration
   constexpr int kBlocks = kHeadDim / 32;  // 32-dimension blocks: two k-steps each
   constexpr int kDTiles = kHeadDim / 8;   // n-tiles of O
@@ -99,11 +110,14 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
   // Per warp Layout::kWarpBytes (from a 128-byte boundary); after the token loop the same memory
   // holds the per-warp softmax states for the merge.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  __shared__ float warp_m[kDecodeMaxWarps][kRows], warp_l[kDecodeMaxWarps][kRows];
+  __shared__ float warp_m[kMaxTokenWarps][kRows], warp_l[kMaxTokenWarps][kRows];
   __shared__ DecodeSegment piece;
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;  // mma groupID and thread-in-group
+  // This warp's rows start at row0; it computes every token_warps-th tile from its token_warp-th.
+  // The launch makes the warp count a multiple of kRowTiles.
+  const int row0 = 16 * (warp % kRowTiles), token_warp = warp / kRowTiles, token_warps = (blockDim.x >> 5) / kRowTiles;
   decode_find_piece<kQLen>(p, piece);
   if (piece.parts == 0) return;  // a range left over
   const int kv_head = piece.kv_head, b = piece.b, len = piece.len;
@@ -112,7 +126,7 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
   unsigned qa[kBlocks][2][4];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = g + 8 * half;
+    const int r = row0 + g + 8 * half;
     Bf16x8 words[kBlocks];
 #pragma unroll
     for (int m = 0; m < kBlocks; ++m) {
@@ -150,7 +164,7 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
   float o[kDTiles][4];
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (log2 domain)
+  float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows row0 + g, + 8 (log2 domain)
   const float score_scale = p.softmax_scale * p.k_scale;             // k_scale is 1 for a 16-bit cache
 
   const int* pages = p.page_table + b * p.page_table_stride;
@@ -189,8 +203,8 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
   // A ring of `stages` tiles per warp: while one is computed the next stages - 1 are in flight.
   // (One cp.async.bulk per K/V row with an mbarrier instead of 16-byte cp.async measured slower
   // on an H200: 0.35-0.51 ms against 0.27-0.32 ms at B8 ctx32768.)
-  const int stride = warps * kTile;  // a warp's consecutive tiles are this far apart
-  const int first_tile = t0 + warp * kTile;
+  const int stride = token_warps * kTile;  // a warp's consecutive tiles are this far apart
+  const int first_tile = t0 + token_warp * kTile;
   // The page of `tile`, the warp's tile number `it` (it counts up by one per call, from 0), read an
   // iteration before its copies are issued. With kPageChunks the page indices come 32 tiles per register
   // (lane l of chunk c holds the page of the warp's tile 32 c + l), the next chunk loaded 32 tiles
@@ -275,7 +289,7 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = g + 8 * (e >> 1);
+        const int r = row0 + g + 8 * (e >> 1);
         const int tok = base + 8 * n + 2 * c + (e & 1);
         const int rel = tok - (len - kQLen), j = r / kGroup;
         float x = softcap_score(s[n][e] * score_scale, p.softcap) * 1.4426950408889634f;
@@ -300,26 +314,28 @@ __global__ void __maxnreg__(kHeadDim == 256 ? 255 : 168) decode_mma_split(const 
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();  // all warps are done with their stages: the memory now holds warp states
-  auto& warp_acc = *reinterpret_cast<float(*)[kDecodeMaxWarps][kRows][kHeadDim]>(shared_bytes);
+  // Indexed by token warp: the rows of warp_acc[w] come from the row tiles' w-th warps. At most
+  // 16 x kHeadDim floats a warp, inside its ring.
+  auto& warp_acc = *reinterpret_cast<float(*)[kMaxTokenWarps][kRows][kHeadDim]>(shared_bytes);
 
-  // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows g and g + 8.
+  // Per-warp state: m (log2 domain -> natural), l summed over the quad, O rows row0 + g and + 8.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     l_row[half] = quad_sum(l_row[half]);
-    const int r = g + 8 * half;
+    const int r = row0 + g + 8 * half;
     if (r < kRows) {
 #pragma unroll
       for (int n = 0; n < kDTiles; ++n) {
-        warp_acc[warp][r][8 * n + 2 * c] = o[n][2 * half] * p.v_scale;  // v_scale is 1 for a 16-bit cache
-        warp_acc[warp][r][8 * n + 2 * c + 1] = o[n][2 * half + 1] * p.v_scale;
+        warp_acc[token_warp][r][8 * n + 2 * c] = o[n][2 * half] * p.v_scale;  // v_scale is 1 for a 16-bit cache
+        warp_acc[token_warp][r][8 * n + 2 * c + 1] = o[n][2 * half + 1] * p.v_scale;
       }
       if (c == 0) {
-        warp_m[warp][r] = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * 0.6931471805599453f;
-        warp_l[warp][r] = l_row[half];
+        warp_m[token_warp][r] = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * 0.6931471805599453f;
+        warp_l[token_warp][r] = l_row[half];
       }
     }
   }
-  merge_and_store<T, kHeadDim, kQLen, kGroup, kDecodeMaxWarps>(p, warp_acc, warp_m, warp_l, warps, piece);
+  merge_and_store<T, kHeadDim, kQLen, kGroup, kMaxTokenWarps>(p, warp_acc, warp_m, warp_l, token_warps, piece);
 }
 
 }  // namespace kiln

@@ -22,11 +22,25 @@ constexpr int64_t kMinTokensPerRange = 256;
 constexpr int kCopyStages = 2;
 constexpr uint32_t kRingAlignSlack = 128;
 
+// Query rows (q_len x group) per KV head, at most: row tiles of 16, each taken by one warp or more
+// of a CTA, each warp with its own copy ring (so a KV tile is copied once per row tile). With a
+// 16-bit cache two tiles, and one at head_dim 256: beyond them a batch that fills the SMs ran
+// slower than on attention.decode.prefill_mma, which takes them (H200, B64 ctx4096: head_dim 256,
+// 16/8 heads, q_len 16, 0.975 ms against 0.696; head_dim 64, 64/8 heads, q_len 8, 0.40 ms against
+// 0.33 even with the row tiles sharing a ring), though a small batch ran 2-7x faster. With an e4m3
+// cache, which only the reference kernel takes otherwise, four tiles (two at head_dim 256, where a
+// 99 KB part fits the rings of only three warps).
+int64_t max_query_rows(int64_t head_dim, bool fp8_cache) {
+  if (fp8_cache) return head_dim == 256 ? 32 : 64;
+  return head_dim == 256 ? 16 : 32;
+}
+
+// Row tiles of 16 query rows: the launch gives each the same number of warps.
+int64_t row_tiles(int64_t rows) { return (rows + 15) / 16; }
+
 // q in a 16-bit type and the cache in the same type (e4m3 for the fp8 registration), head_dim 64,
-// 128 or 256, and at most `max_rows` query rows (q_len x group) per KV head; at head_dim 128 and
-// 256 at most 8 (a limit from the kernel's first form, whose per-warp sums sat in 48 KB of static
-// shared memory; they now reuse the rings, and more rows have not been tested).
-std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp8_cache) {
+// 128 or 256, and at most max_query_rows query rows per KV head.
+std::optional<std::string> check(const Signature& sig, bool fp8_cache) {
   if (auto why = detail::check_16bit_dtype(sig)) return why;
   const std::string& dtype = sig.get("dtype");
   const std::string wanted_cache = fp8_cache ? "e4m3" : dtype;
@@ -42,7 +56,7 @@ std::optional<std::string> check(const Signature& sig, int64_t max_rows, bool fp
     return fmt::format("page_size {} unsupported (supported: powers of two from 1 to 256)", page);
   }
   const int64_t rows = sig.get_int("q_len") * sig.get_int("group");
-  const int64_t limit = d >= 128 ? std::min<int64_t>(max_rows, 8) : max_rows;
+  const int64_t limit = max_query_rows(d, fp8_cache);
   if (rows > limit) return fmt::format("q_len x group = {} unsupported at head_dim {} (at most {})", rows, d, limit);
   return std::nullopt;
 }
@@ -57,12 +71,18 @@ uint32_t warp_shared_bytes(int head_dim, bool fp8_cache) {
   return static_cast<uint32_t>(kCopyStages * 16 * (k_row + v_row) + staging);
 }
 
+// Query rows per KV head, q_len x group: the rows of one softmax state.
+int64_t query_rows(const KilnDecodeParams& p) { return static_cast<int64_t>(p.q_len) * (p.num_heads_q / std::max(p.num_heads_kv, 1)); }
+
 // Warps per CTA: `wanted`, or as many as the GPU's shared memory per block holds rings for (at
-// head_dim 256 a 16-bit cache's rings take 33 KB a warp: 6 of them on Hopper's 227 KB).
+// head_dim 256 a 16-bit cache's rings take 33 KB a warp: 6 of them on Hopper's 227 KB), rounded
+// down to a multiple of the row tiles.
 int64_t warps_that_fit(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache, int64_t wanted) {
-  constexpr int64_t kStaticSharedSlack = 4096;  // the kernel's static arrays: about 1.2 KB
+  constexpr int64_t kStaticSharedSlack = 4096;  // the kernel's static arrays: at most 1.7 KB
   const int64_t room = static_cast<int64_t>(platform.shared_memory_per_block) - kRingAlignSlack - kStaticSharedSlack;
-  return std::clamp<int64_t>(room / warp_shared_bytes(p.head_dim, fp8_cache), 1, wanted);
+  const int64_t tiles = row_tiles(query_rows(p));
+  const int64_t fit = std::clamp<int64_t>(room / warp_shared_bytes(p.head_dim, fp8_cache), 1, wanted);
+  return std::max(tiles, fit / tiles * tiles);
 }
 
 // The grid and warps per CTA. A batch whose (sequence, KV head) pairs fill every SM runs unsplit,
@@ -82,9 +102,6 @@ struct DecodeGrid {
   int64_t ranges;  // 0: unsplit
   int64_t warps;
 };
-
-// Query rows per KV head, q_len x group: the rows of one softmax state.
-int64_t query_rows(const KilnDecodeParams& p) { return static_cast<int64_t>(p.q_len) * (p.num_heads_q / std::max(p.num_heads_kv, 1)); }
 
 DecodeGrid decode_grid(const KilnDecodeParams& p, const Platform& platform, bool fp8_cache) {
   const int64_t heads_kv = std::max(p.num_heads_kv, 1);
@@ -123,7 +140,7 @@ KernelSpec mma_split_kernel(const char* name, bool fp8_cache) {
   // mma.sync, ldmatrix and cp.async: sm_80 on; the e4m3 cache's cvt to f16 pairs from sm_89.
   spec.requirements.min_arch = fp8_cache ? 89 : 80;
   spec.source = "attention/decode_mma_split.cuh";
-  spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, 16, fp8_cache); };
+  spec.accepts = [fp8_cache](const Signature& sig) { return check(sig, fp8_cache); };
   spec.specialize = [](const Signature& sig, const Platform&) {
     return Specialization{fmt::format("kiln::decode_mma_split<kiln::{}, kiln::{}, {}, {}, {}, {}>", sig.get("dtype"), sig.get("kv_dtype"),
                                       sig.get_int("head_dim"), sig.get_int("q_len"), sig.get_int("group"), sig.get_int("page_size") < 16),

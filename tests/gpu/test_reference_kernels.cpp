@@ -801,6 +801,40 @@ TEST_F(Gpu, DecodeEveryPageSizeAndSpeculativeLength) {
   run_decode_cases(rng, cases, 0);
 }
 
+// Speculative verification over a GQA group: 17 to 64 query rows a KV head, which the split
+// kernels take in row tiles of 16, one tile a warp (up to 32 rows with a 16-bit cache, 16 at
+// head_dim 256; 64 and 32 with an e4m3 cache; the paged prefill kernel takes the rest). Split
+// grids (a few ragged sequences) and unsplit ones (20 sequences x 8 KV heads fill the SMs),
+// 16-bit and e4m3 caches, windows and sinks.
+TEST_F(Gpu, DecodeSpeculativeRowsOverAGqaGroup) {
+  struct Shape {
+    int d, hq, q_len;
+    bool fp8;
+  };
+  const Shape shapes[] = {{64, 64, 3, false},  {64, 64, 8, true},    {64, 32, 16, false}, {128, 64, 2, false}, {128, 64, 4, true},
+                          {128, 32, 5, false}, {256, 16, 16, false}, {256, 32, 8, true},  {256, 64, 3, false}, {256, 16, 8, false}};
+  const std::vector<int> ragged = {3000, 9, 0, 700},
+                         full = {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400};
+  std::vector<DecodeCase> cases;
+  for (const Shape& sh : shapes) {
+    for (bool split : {true, false}) {
+      std::vector<int> lens = split ? ragged : full;
+      for (int& len : lens) len = len == 0 ? 0 : std::max(len, sh.q_len);  // every query token has its key
+      cases.push_back({.dtype = sh.d == 128 ? DType::kF16 : DType::kBF16,
+                       .fp8 = sh.fp8,
+                       .d = sh.d,
+                       .hq = sh.hq,
+                       .hkv = 8,
+                       .page_size = split ? 16 : 32,
+                       .q_len = sh.q_len,
+                       .seqlens = lens,
+                       .window = split ? 500 : -1,
+                       .sinks = !split});
+    }
+  }
+  run_decode_cases(rng, cases, 3);
+}
+
 // ---- extend and append ---------------------------------------------------------------------
 
 struct ExtendCase {
