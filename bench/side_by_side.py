@@ -657,8 +657,8 @@ def main():
         rows.append(decode_case(kiln, f"{name} p16 fp8", B, ctx, Hq, Hkv, D, 16, l2, args.quick, fp8=True))
         print(json.dumps(rows[-1]), flush=True)
     # Speculative verification: several tokens per sequence against one (the rows above), and the
-    # first with an e4m3 cache. kiln's split kernels take up to 64 query rows a KV head (32 at
-    # head_dim 256), its paged prefill kernel more (q_len 16 at group 8).
+    # first with an e4m3 cache. kiln's split kernels take up to 32 query rows a KV head with a
+    # 16-bit cache (16 at head_dim 256) and 64 with e4m3 (32), its paged prefill kernel more.
     spec_shapes = (("B64 ctx4096 64/8 d64", 64, 4096, 64, 8, 64, (4, 16)), ("B4 ctx32768 64/8 d64", 4, 32768, 64, 8, 64, (4, 8)),
                    ("B8 ctx32768 32/8 d128", 8, 32768, 32, 8, 128, (4, 8)), ("B4 ctx32768 16/8 d256", 4, 32768, 16, 8, 256, (8, 16)))
     for name, B, ctx, Hq, Hkv, D, q_lens in spec_shapes if args.only in (None, "decode") else ():

@@ -6,11 +6,12 @@
 // (two n-tiles of 8 tokens) and O += P V for its 16 rows, with one online-softmax rescale per
 // tile. With more than 16 rows (speculative verification over a GQA group) the CTA's warps take
 // the row tiles in turn, warp w rows 16 (w % R) on of R tiles, and the warps of one row tile split
-// the tokens; each warp keeps its own copy ring and the registers of 16 rows. Each warp double-buffers its
-// K and V tiles in dynamic shared memory with cp.async (zero-filled past the end), so the next
-// tile loads while this one computes. K fragments are read 16 bytes at a time: within each
-// 32-dimension block lane quad c takes dims 8c..8c+7 of one token, and the same permutation of
-// the reduction dimension is applied to Q, so S is unchanged. V is read with ldmatrix.trans.
+// the tokens; each warp keeps its own copy ring and the registers of 16 rows. Each warp
+// double-buffers its K and V tiles in dynamic shared memory with cp.async (zero-filled past the
+// end), so the next tile loads while this one computes. K fragments are read 16 bytes at a time:
+// within each 32-dimension block lane quad c takes dims 8c..8c+7 of one token, and the same
+// permutation of the reduction dimension is applied to Q, so S is unchanged. V is read with
+// ldmatrix.trans.
 // An fp8 (e4m3) cache is copied as bytes and multiplied in f16 (e4m3 converts to f16 exactly, one
 // cvt per pair; a bf16 q is converted to f16 once): K fragments are converted as they are read,
 // V tiles into an f16 staging tile for ldmatrix. The per-tensor k_scale joins the softmax scale

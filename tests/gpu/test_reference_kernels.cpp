@@ -801,7 +801,7 @@ TEST_F(Gpu, DecodeEveryPageSizeAndSpeculativeLength) {
   run_decode_cases(rng, cases, 0);
 }
 
-// Speculative verification over a GQA group: 17 to 64 query rows a KV head, which the split
+// Speculative verification over a GQA group: 16 to 64 query rows a KV head, which the split
 // kernels take in row tiles of 16, one tile a warp (up to 32 rows with a 16-bit cache, 16 at
 // head_dim 256; 64 and 32 with an e4m3 cache; the paged prefill kernel takes the rest). Split
 // grids (a few ragged sequences) and unsplit ones (20 sequences x 8 KV heads fill the SMs),
