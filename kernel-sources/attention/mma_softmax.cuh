@@ -107,11 +107,19 @@ __device__ __forceinline__ float pending_logit_scale(const KilnPrefillParams& p)
 // 32 multiplies at head_dim 64).
 // online_softmax_probabilities is the step without the rescale: it leaves in `factor` what O's
 // rows must be multiplied by (rescale_rows), for a kernel whose O is still in flight in an MMA.
-template <bool kScaled = false, int kKeyTiles>
-__device__ __forceinline__ void online_softmax_probabilities(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float scale,
+// kLazy (the prefill kernels): where no row of the warp has a new maximum more than
+// kStaleMaxLimit above its running one, the running maxima stay (probabilities up to
+// 2^kStaleMaxLimit, no less exact in f32, bf16 or f16) and O needs no rescale: after a row's first
+// blocks almost every block. Sums and O share the stale maximum, so the quotient is unchanged. The
+// answer is warp-uniform, so the caller skips the rescale by a branch. On an H200 prefill took
+// 1-7% less time; the split decode kernels, bound by memory, did not gain and keep rescaling
+// (bench/RESULTS.md, 2026-11-30). Returns whether O must be rescaled by `factor`.
+constexpr float kStaleMaxLimit = 8.0f;
+template <bool kScaled = false, bool kLazy = false, int kKeyTiles>
+__device__ __forceinline__ bool online_softmax_probabilities(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float scale,
                                                              float (&factor)[2]) {
   auto probability = [&](float x, float m) { return exp2_ftz(kScaled ? fmaf(x, scale, -m) : x - m); };
-  float m_use[2];
+  float m_use[2], new_m[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float a = neg_inf(), b = neg_inf();
@@ -120,10 +128,21 @@ __device__ __forceinline__ void online_softmax_probabilities(float (&s)[kKeyTile
       a = fmaxf(a, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
       b = fmaxf(b, fmaxf(s[n + 1][2 * half], s[n + 1][2 * half + 1]));
     }
-    const float tile_m = quad_max(fmaxf(a, b)), new_m = fmaxf(m_row[half], kScaled ? tile_m * scale : tile_m);
-    factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2_ftz(m_row[half] - new_m);
-    m_row[half] = new_m;
-    m_use[half] = new_m == neg_inf() ? 0.0f : new_m;  // a row masked so far: exp2(-inf - 0) = 0, not NaN
+    const float tile_m = quad_max(fmaxf(a, b));
+    new_m[half] = fmaxf(m_row[half], kScaled ? tile_m * scale : tile_m);
+  }
+  // A row's first key makes the difference +inf (a rescale, by 0); a row that still sees none
+  // (-inf - -inf: NaN; rows past a sequence's end) needs none.
+  const bool keep = kLazy && __all_sync(0xffffffffu, !(new_m[0] - m_row[0] > kStaleMaxLimit) && !(new_m[1] - m_row[1] > kStaleMaxLimit));
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (keep) {
+      factor[half] = 1.0f;
+    } else {
+      factor[half] = m_row[half] == neg_inf() ? 0.0f : exp2_ftz(m_row[half] - new_m[half]);
+      m_row[half] = new_m[half];
+    }
+    m_use[half] = m_row[half] == neg_inf() ? 0.0f : m_row[half];  // a row masked so far: exp2(-inf - 0) = 0, not NaN
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -138,8 +157,9 @@ __device__ __forceinline__ void online_softmax_probabilities(float (&s)[kKeyTile
         b += s[n + 1][2 * half + j];
       }
     }
-    l_row[half] = l_row[half] * factor[half] + (a + b);
+    l_row[half] = keep ? l_row[half] + (a + b) : l_row[half] * factor[half] + (a + b);
   }
+  return !keep;
 }
 template <int kDTiles>
 __device__ __forceinline__ void rescale_rows(float (&o)[kDTiles][4], const float (&factor)[2]) {
@@ -151,12 +171,11 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kDTiles][4], const float
     o[n][3] *= factor[1];
   }
 }
-template <bool kScaled = false, int kKeyTiles, int kDTiles>
+template <bool kScaled = false, bool kLazy = false, int kKeyTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float (&o)[kDTiles][4],
                                                     float scale = 1.0f, bool first = false) {
   float factor[2];
-  online_softmax_probabilities<kScaled>(s, m_row, l_row, scale, factor);
-  if (!first) rescale_rows(o, factor);
+  if (online_softmax_probabilities<kScaled, kLazy>(s, m_row, l_row, scale, factor) && !first) rescale_rows(o, factor);
 }
 
 // P's A fragments for P V (16 keys each) from probabilities in S's accumulator layout.

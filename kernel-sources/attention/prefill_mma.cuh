@@ -166,7 +166,7 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_q0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_q0 + 15 + blk.shift - p.window_left);
     cap_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    online_softmax_step<true>(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p));
+    online_softmax_step<true, true>(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p));
     // O += P V over the block's keys, 16 at a time: P's A fragments are S's accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {

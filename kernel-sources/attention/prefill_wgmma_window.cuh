@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? (kHeadDim == 64 ? 5
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_q0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_q0 + 15 + blk.shift - p.window_left);
     cap_and_mask_scores<kSoftcap, true>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    online_softmax_step<true>(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p), block == 0);
+    online_softmax_step<true, true>(s, m_row, l_row, o, pending_logit_scale<kSoftcap>(p), block == 0);
     // O += P V over the block's keys, 16 at a time; P's A fragments are S's accumulators. V is
     // N-major: 8 keys per 1024-byte atom row group, the next 64 columns one atom column on.
     unsigned pa[kBlockK / 16][4];

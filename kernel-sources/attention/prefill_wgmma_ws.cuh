@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   unsigned pa[kBlockK / 16][4];
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
   float factor[2];
+  bool rescale = false;  // O must take `factor` before the next P V (online_softmax_probabilities<kLazy>)
 
   auto issue_qk = [&](int i) {
     wgmma_ss_k_major<T, kBlockK, kHeadDim>(s, q_address, kQAtomBytes, shared_address(k_tiles + (i % kStages) * kTileBytes), kKAtomBytes);
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_row0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + blk.shift - p.window_left);
     cap_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    online_softmax_probabilities<true>(s, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+    rescale = online_softmax_probabilities<true, true>(s, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
   };
 
   // Under causal masking this consumer's rows may end before the CTA's last key block starts (the
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       release(v_empty((i - 1) % kStages));
-      rescale_rows(o, factor);
+      if (rescale) rescale_rows(o, factor);
       pack_p_fragments<T>(s, pa);
     }
     const int last = consumer_blocks - 1;
@@ -402,11 +403,11 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       release(k_empty(last % kStages));
       const int key0 = (block_start + last) * kBlockK;
       cap_and_mask_scores<kSoftcap>(s_narrow, p, key0 + kNarrowK > blk.len_k, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-      online_softmax_probabilities<true>(s_narrow, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+      rescale = online_softmax_probabilities<true, true>(s_narrow, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       release(v_empty((last - 1) % kStages));
-      rescale_rows(o, factor);
+      if (rescale) rescale_rows(o, factor);
       pack_p_fragments<T>(s_narrow, pa_narrow);
       mbarrier_wait(v_full(last % kStages), (last / kStages) & 1);
       take_turn();

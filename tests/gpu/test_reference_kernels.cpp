@@ -72,6 +72,9 @@ struct PrefillCase {
   bool sinks;
   float softcap;
   bool lse = true;
+  // Key j of a sequence scaled by 1 + key_growth * j: row maxima keep rising, past the online
+  // softmax's stale-maximum limit in some blocks and within it in others.
+  float key_growth = 0;
 };
 
 void run_prefill(std::mt19937& rng, const PrefillCase& c) {
@@ -91,8 +94,20 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
   }
   const int total_q = p.cu_q.back(), total_k = p.cu_k.back();
   const auto q_bits = random_half(rng, static_cast<size_t>(total_q * c.hq * c.d), c.dtype, 1.0f, p.q);
-  const auto k_bits = random_half(rng, static_cast<size_t>(total_k * c.hkv * c.d), c.dtype, 1.0f, p.k);
+  auto k_bits = random_half(rng, static_cast<size_t>(total_k * c.hkv * c.d), c.dtype, 1.0f, p.k);
   const auto v_bits = random_half(rng, static_cast<size_t>(total_k * c.hkv * c.d), c.dtype, 1.0f, p.v);
+  if (c.key_growth > 0) {
+    for (size_t b = 0; b + 1 < p.cu_k.size(); ++b) {
+      for (int key = p.cu_k[b]; key < p.cu_k[b + 1]; ++key) {
+        const float growth = 1.0f + c.key_growth * static_cast<float>(key - p.cu_k[b]);
+        for (size_t i = static_cast<size_t>(key) * c.hkv * c.d; i < static_cast<size_t>(key + 1) * c.hkv * c.d; ++i) {
+          const float grown = static_cast<float>(p.k[i]) * growth;
+          k_bits[i] = c.dtype == DType::kBF16 ? float_to_bf16(grown) : float_to_f16(grown);
+          p.k[i] = c.dtype == DType::kBF16 ? bf16_to_float(k_bits[i]) : f16_to_float(k_bits[i]);
+        }
+      }
+    }
+  }
   std::vector<float> sinks_f;
   if (c.sinks) {
     // Ordinary, very large and very negative sinks.
@@ -127,7 +142,7 @@ void run_prefill(std::mt19937& rng, const PrefillCase& c) {
   const std::string what = "prefill d=" + std::to_string(c.d) + " hq/hkv=" + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
                            " causal=" + std::to_string(c.causal) + " window=" + std::to_string(c.window) +
                            " sinks=" + std::to_string(c.sinks) + " softcap=" + std::to_string(c.softcap) + " lse=" + std::to_string(c.lse) +
-                           " dtype=" + dtype_name(c.dtype);
+                           " dtype=" + dtype_name(c.dtype) + " key_growth=" + std::to_string(c.key_growth);
   const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
   EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
   if (c.lse) expect_lse_close(lse.to_host<float>(static_cast<size_t>(total_q * c.hq)), ref.lse, what);
@@ -367,6 +382,51 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
        .window = 47,
        .sinks = true,
        .softcap = 20.0f},
+      // Rising keys: blocks where the running maxima must move and blocks where they may stay.
+      {.dtype = DType::kBF16,
+       .d = 128,
+       .hq = 8,
+       .hkv = 2,
+       .lens_q = {1000, 300},
+       .lens_k = {1000, 700},
+       .causal = false,
+       .window = -1,
+       .sinks = false,
+       .softcap = 0,
+       .key_growth = 1.0f / 128},
+      {.dtype = DType::kF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 2,
+       .lens_q = {900, 65},
+       .lens_k = {900, 65},
+       .causal = true,
+       .window = -1,
+       .sinks = true,
+       .softcap = 0,
+       .key_growth = 1.0f / 64},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 2,
+       .lens_q = {600, 130},
+       .lens_k = {600, 130},
+       .causal = true,
+       .window = 128,
+       .sinks = true,
+       .softcap = 0,
+       .key_growth = 1.0f / 32},
+      {.dtype = DType::kBF16,
+       .d = 256,
+       .hq = 4,
+       .hkv = 2,
+       .lens_q = {500},
+       .lens_k = {500},
+       .causal = true,
+       .window = -1,
+       .sinks = false,
+       .softcap = 30.0f,
+       .key_growth = 1.0f / 64},
   };
   const OperatorId prefill{kFamilyAttention, kModePrefill};
   for (const char* kernel : kPrefillKernels) {
@@ -427,6 +487,9 @@ struct DecodeCase {
   std::vector<int> seqlens;
   int window;
   bool sinks;
+  // Queries this many times larger: scores spread so widely that a row's running maximum jumps by
+  // large steps in some tiles and stays in others.
+  float q_scale = 1.0f;
 };
 
 // `launches` > 1 enqueues the same call that many times before the result is checked.
@@ -452,7 +515,7 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   for (size_t i = 0; i < p.page_table.size(); ++i) p.page_table[i] = pool[i];
   if (p.batch > 1) p.page_table[static_cast<size_t>(p.max_pages)] = p.page_table[0];
   const size_t cache_elems = static_cast<size_t>(num_pages * c.page_size * c.hkv * c.d);
-  const auto q_bits = random_half(rng, static_cast<size_t>(p.batch * c.q_len * c.hq * c.d), c.dtype, 1.0f, p.q);
+  const auto q_bits = random_half(rng, static_cast<size_t>(p.batch * c.q_len * c.hq * c.d), c.dtype, c.q_scale, p.q);
   std::vector<uint16_t> k_bits, v_bits;
   std::vector<uint8_t> k8, v8;
   const float k_scale = 0.5f, v_scale = 0.25f;
@@ -495,7 +558,8 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
   for (int i = 0; i < launches; ++i) mha_decode_with_kvcache(a, nullptr);
   synchronize();
   const std::string what = "decode d=" + std::to_string(c.d) + " page=" + std::to_string(c.page_size) +
-                           " q_len=" + std::to_string(c.q_len) + " fp8=" + std::to_string(c.fp8) + " window=" + std::to_string(c.window);
+                           " q_len=" + std::to_string(c.q_len) + " fp8=" + std::to_string(c.fp8) + " window=" + std::to_string(c.window) +
+                           " q_scale=" + std::to_string(c.q_scale);
   const double err = relative_error(decode_half(out.to_host<uint16_t>(q_bits.size()), c.dtype), ref.out);
   EXPECT_LT(err, c.dtype == DType::kBF16 ? 1e-2 : 2e-3) << what;
   expect_lse_close(lse.to_host<float>(static_cast<size_t>(rows * c.hq)), ref.lse, what);
@@ -542,6 +606,29 @@ TEST_F(Gpu, DecodeKernelsMatchFloat64) {
        .seqlens = {0, 1, 17, 300},
        .window = -1,
        .sinks = false},
+      // Widely spread scores (q_scale): running maxima that jump between tiles.
+      {.dtype = DType::kBF16,
+       .fp8 = false,
+       .d = 128,
+       .hq = 32,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 1,
+       .seqlens = {3000, 700, 33},
+       .window = -1,
+       .sinks = true,
+       .q_scale = 8.0f},
+      {.dtype = DType::kBF16,
+       .fp8 = true,
+       .d = 64,
+       .hq = 64,
+       .hkv = 8,
+       .page_size = 16,
+       .q_len = 2,
+       .seqlens = {2000, 300},
+       .window = -1,
+       .sinks = false,
+       .q_scale = 8.0f},
       {.dtype = DType::kF16,
        .fp8 = false,
        .d = 64,
