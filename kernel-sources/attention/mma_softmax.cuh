@@ -114,10 +114,12 @@ __device__ __forceinline__ float pending_logit_scale(const KilnPrefillParams& p)
 // answer is warp-uniform, so the caller skips the rescale by a branch. On an H200 prefill took
 // 1-7% less time; the split decode kernels, bound by memory, did not gain and keep rescaling
 // (bench/RESULTS.md, 2026-11-30). Returns whether O must be rescaled by `factor`.
-constexpr float kStaleMaxLimit = 8.0f;
 template <bool kScaled = false, bool kLazy = false, int kKeyTiles>
 __device__ __forceinline__ bool online_softmax_probabilities(float (&s)[kKeyTiles][4], float (&m_row)[2], float (&l_row)[2], float scale,
                                                              float (&factor)[2]) {
+  // A local constant: NVRTC emits a namespace-scope one as a global under a per-compile name, and
+  // the binary would differ from compile to compile.
+  constexpr float kStaleMaxLimit = 8.0f;
   auto probability = [&](float x, float m) { return exp2_ftz(kScaled ? fmaf(x, scale, -m) : x - m); };
   float m_use[2], new_m[2];
 #pragma unroll
