@@ -346,7 +346,8 @@ TEST(Selector, DecodeSpeculativeRowsOnTensorCores) {
               std::string::npos);
     EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", d, 8, 16, 8), sm90a)->name, "attention.decode.mma_split_fp8")
         << d;
-    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", d, 8, 16, 9), sm90a)->name, "attention.decode.reference")
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", d, 8, 16, 9), sm90a)->name,
+              "attention.decode.prefill_mma_fp8")
         << d;
   }
   for (const bool fp8 : {false, true}) {
@@ -737,6 +738,36 @@ TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
   }
   EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "bf16", 256, 8), platform_for_target("sm_90a"))->name,
             "attention.extend.wgmma_ws");
+}
+
+// Chunked prefill over an e4m3 cache runs the mma.sync kernels' e4m3 forms from sm_89 (their cvt
+// to f16 pairs), windows the head-packing one; before sm_89 the reference. Decode beyond the split
+// kernel's 64 rows (32 at head_dim 256) takes the paged prefill kernel's e4m3 form.
+TEST(Selector, E4m3CachesOnTensorCoresBeyondTheSplitDecode) {
+  for (const char* arch : {"sm_89", "sm_90a", "sm_100a", "sm_120a"}) {
+    const Platform p = platform_for_target(arch);
+    for (int64_t d : {64, 128, 256}) {
+      EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "e4m3", d, 8, 16), p)->name, "attention.extend.mma_fp8")
+          << arch << " " << d;
+    }
+    Signature windowed = test::extend_signature("f16", "e4m3", 64, 8, 16);
+    windowed.set_flag("window", true).set_flag("sinks", true);
+    EXPECT_EQ(Registry::global().select(windowed, p)->name, "attention.extend.mma_window_fp8") << arch;
+    EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", 256, 8, 16, 5), p)->name, "attention.decode.prefill_mma_fp8")
+        << arch;
+  }
+  for (const char* arch : {"sm_80", "sm_86"}) {
+    const Platform p = platform_for_target(arch);
+    const Signature sig = test::extend_signature("bf16", "e4m3", 128, 8);
+    EXPECT_EQ(Registry::global().select(sig, p)->name, "attention.extend.reference") << arch;
+    EXPECT_NE(Registry::global().explain(sig, p).to_text().find("needs arch version >= 89"), std::string::npos) << arch;
+  }
+  // The 16-bit forms turn an e4m3 cache away, and the e4m3 forms a 16-bit one, saying where it goes.
+  const Platform sm90a = platform_for_target("sm_90a");
+  const std::string why = Registry::global().explain(test::extend_signature("bf16", "e4m3", 128, 8), sm90a).to_text();
+  EXPECT_NE(why.find("e4m3 cache runs on the mma.sync e4m3 kernels"), std::string::npos) << why;
+  EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "bf16", 128, 8), sm90a)->name, "attention.extend.wgmma_ws");
+  EXPECT_TRUE(Registry::global().find("attention.extend.mma_fp8")->accepts(test::extend_signature("bf16", "bf16", 128, 8)).has_value());
 }
 
 // Sliding windows: the head-packing wgmma kernel on sm_90a, the head-packing mma.sync one on every

@@ -31,32 +31,6 @@
 
 namespace kiln {
 
-// Two e4m3 values (low byte first) to a packed f16 pair, exactly.
-__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short pair) {
-  unsigned r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(pair));
-  return r;
-}
-
-template <typename A, typename B>
-struct SameType {
-  enum { value = 0 };
-};
-template <typename A>
-struct SameType<A, A> {
-  enum { value = 1 };
-};
-
-// The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache.
-template <typename T, typename Cache>
-struct MmaType {
-  typedef T type;
-};
-template <typename T>
-struct MmaType<T, e4m3> {
-  typedef f16 type;
-};
-
 // Warps per CTA, at most: the launch (attention_decode_split.cpp) picks 4 or 8 and the kernel
 // reads blockDim. Stages of each warp's copy ring: two. On an H200 a third or fourth stage was
 // slower wherever tried (bench/RESULTS.md). Enumerators, not constexpr variables: NVRTC emits a

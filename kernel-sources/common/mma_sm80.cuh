@@ -38,6 +38,40 @@ __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
   return r;
 }
 
+// Two e4m3 values (low byte first) to a packed f16 pair, exactly (sm_89 and newer).
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short pair) {
+  unsigned r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(pair));
+  return r;
+}
+
+// A packed pair of the 16-bit type T, each times `scale`, as a packed f16 pair.
+template <typename T>
+__device__ __forceinline__ unsigned scaled_pair_to_f16x2(unsigned pair, float scale) {
+  const float lo = to_float(T{static_cast<u16>(pair & 0xffffu)}), hi = to_float(T{static_cast<u16>(pair >> 16)});
+  return pack2<f16>(lo * scale, hi * scale);
+}
+
+template <typename A, typename B>
+struct SameType {
+  enum { value = 0 };
+};
+template <typename A>
+struct SameType<A, A> {
+  enum { value = 1 };
+};
+
+// The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache
+// (whose values f16 holds exactly; bf16 queries are converted).
+template <typename T, typename Cache>
+struct MmaType {
+  typedef T type;
+};
+template <typename T>
+struct MmaType<T, e4m3> {
+  typedef f16 type;
+};
+
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

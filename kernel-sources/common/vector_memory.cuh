@@ -53,9 +53,9 @@ __device__ __forceinline__ Bf16x8 load16_shared(const void* p) { return load16_s
 __device__ __forceinline__ void store4_shared(unsigned p, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared_address(p)), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3])
-               : "memory");
+__device__ __forceinline__ void store16_shared(unsigned p, const Bf16x8& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
 }
+__device__ __forceinline__ void store16_shared(void* p, const Bf16x8& v) { store16_shared(shared_address(p), v); }
 
 }  // namespace kiln

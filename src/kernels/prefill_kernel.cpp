@@ -58,10 +58,13 @@ GridInputs grid_inputs(const void* params, PrefillInput input) {
   return {p.max_seqlen_q, p.num_heads_q, p.num_heads_kv, p.head_dim, p.batch};
 }
 
-// The paged forms read a cache of the queries' type (an e4m3 cache runs on the reference).
-std::optional<std::string> check_paged(const Signature& sig) {
-  if (sig.get("kv_dtype") != sig.get("dtype")) {
-    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the reference kernel)",
+// The paged forms read a cache of the queries' type, or the e4m3 forms an e4m3 cache.
+std::optional<std::string> check_paged(const Signature& sig, bool e4m3_cache) {
+  if (e4m3_cache && sig.get("kv_dtype") != "e4m3") {
+    return fmt::format("kv_dtype {} unsupported (supported: e4m3; a 16-bit cache runs on the other paged kernels)", sig.get("kv_dtype"));
+  }
+  if (!e4m3_cache && sig.get("kv_dtype") != sig.get("dtype")) {
+    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the mma.sync e4m3 kernels from sm_89)",
                        sig.get("kv_dtype"));
   }
   return std::nullopt;
@@ -102,8 +105,8 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
   const int min_page_size = k.min_page_size;
-  const bool head_dim_256 = k.key_rows_d256 > 0;
-  spec.accepts = [windows_only, input, min_page_size, head_dim_256](const Signature& sig) -> std::optional<std::string> {
+  const bool head_dim_256 = k.key_rows_d256 > 0, e4m3_cache = k.e4m3_cache;
+  spec.accepts = [windows_only, input, min_page_size, head_dim_256, e4m3_cache](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
     if (input == PrefillInput::kPagedDecode) {
       // One new token per sequence is the split decode kernels' work.
@@ -113,7 +116,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
       return std::string("only for causal sliding windows (window=1, causal=1)");
     }
     if (input != PrefillInput::kContiguous) {
-      if (auto why = check_paged(sig)) return why;
+      if (auto why = check_paged(sig, e4m3_cache)) return why;
       if (min_page_size > 0 && sig.get_int("page_size") < min_page_size) {
         return fmt::format("page_size {} unsupported (supported: {} and up)", sig.get_int("page_size"), min_page_size);
       }
@@ -129,6 +132,7 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
                                 key_rows_of(k, d), stages_of(k, d));
     }
     if (k.input == PrefillInput::kPagedExtend) expression += ", true";  // kPaged
+    if (k.e4m3_cache) expression += ", kiln::e4m3";                     // Cache
     return Specialization{expression + ">", {}};
   };
   spec.launch_shape = [k](const void* params, const Platform& platform) {
@@ -182,6 +186,13 @@ PrefillKernel mma_sync_kernel(const char* name, Priority priority) {
           // head_dim 256: 32-key tiles, so that Q and two stages (96 KB) fit the 99 KB of sm_86,
           // sm_89 and sm_120, and S (16 registers) beside Q's fragments (64) and O (128).
           .key_rows_d256 = 32};
+}
+
+PrefillKernel mma_sync_e4m3_kernel(PrefillKernel k, const char* name) {
+  k.name = name;
+  k.e4m3_cache = true;
+  k.min_arch = 89;
+  return k;
 }
 
 PrefillKernel wgmma_window_kernel(const char* name) {

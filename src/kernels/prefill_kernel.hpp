@@ -46,12 +46,15 @@ struct PrefillKernel {
   int min_page_size = 0;            // paged: smaller pages go to other kernels
   int key_align = 1;                // blocks moved back to start keys on multiples of it (prefill_block_extent)
   PrefillInput input = PrefillInput::kContiguous;
+  bool e4m3_cache = false;  // paged: reads e4m3 caches (kv_dtype e4m3) instead of the queries' type
 };
 
 KernelSpec prefill_kernel(const PrefillKernel& k);
 
 // The mma.sync kernels of attention/prefill_mma.cuh, 4 warps each.
 PrefillKernel mma_sync_kernel(const char* name, Priority priority);
+// The same over e4m3 paged caches (from sm_89, whose cvt turns e4m3 pairs into f16).
+PrefillKernel mma_sync_e4m3_kernel(PrefillKernel k, const char* name);
 // The sliding-window Hopper kernel of attention/prefill_wgmma_window.cuh (head packing, wgmma).
 PrefillKernel wgmma_window_kernel(const char* name);
 // The general Hopper kernel of attention/prefill_wgmma_ws.cuh (warp-specialized).

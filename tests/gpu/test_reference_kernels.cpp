@@ -566,7 +566,7 @@ void run_decode(std::mt19937& rng, const DecodeCase& c, int launches = 1) {
 }
 
 const char* const kDecodeKernels[] = {"attention.decode.mma_split", "attention.decode.mma_split_fp8", "attention.decode.prefill_mma",
-                                      "attention.decode.reference"};
+                                      "attention.decode.prefill_mma_fp8", "attention.decode.reference"};
 
 // Runs every case on each decode kernel that accepts it; each kernel must run more than
 // `at_least` of them.
@@ -885,6 +885,16 @@ TEST_F(Gpu, DecodeEveryPageSizeAndSpeculativeLength) {
                    .seqlens = {5000, 17},
                    .window = -1,
                    .sinks = true});
+  cases.push_back({.dtype = DType::kF16,
+                   .fp8 = true,
+                   .d = 64,
+                   .hq = 16,
+                   .hkv = 2,
+                   .page_size = 4,
+                   .q_len = 16,
+                   .seqlens = {16, 700, 49},
+                   .window = 50,
+                   .sinks = false});
   run_decode_cases(rng, cases, 0);
 }
 
@@ -898,8 +908,9 @@ TEST_F(Gpu, DecodeSpeculativeRowsOverAGqaGroup) {
     int d, hq, q_len;
     bool fp8;
   };
-  const Shape shapes[] = {{64, 64, 3, false},  {64, 64, 8, true},    {64, 32, 16, false}, {128, 64, 2, false}, {128, 64, 4, true},
-                          {128, 32, 5, false}, {256, 16, 16, false}, {256, 32, 8, true},  {256, 64, 3, false}, {256, 16, 8, false}};
+  const Shape shapes[] = {{64, 64, 3, false},  {64, 64, 8, true},   {64, 32, 16, false},  {128, 64, 2, false},
+                          {128, 64, 4, true},  {128, 32, 5, false}, {256, 16, 16, false}, {256, 32, 8, true},
+                          {256, 64, 3, false}, {256, 16, 8, false}, {128, 64, 9, true},   {64, 64, 16, true}};
   const std::vector<int> ragged = {3000, 9, 0, 700},
                          full = {1, 700, 0, 513, 16, 17, 900, 255, 3, 64, 1000, 31, 2, 777, 128, 5, 640, 1, 99, 400};
   std::vector<DecodeCase> cases;
@@ -1173,9 +1184,32 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                      .softcap = 0,
                      .append = append});
   }
+  // e4m3 caches at every head_dim over pages smaller and larger than a block (gapped ones too),
+  // GPT-OSS's window with sinks, a soft cap, rows appended through kv_cache_append.
+  int f = 0;
+  for (int page : {1, 8, 16, 64}) {
+    for (int d : {64, 128, 256}) {
+      ++f;
+      cases.push_back({.dtype = f % 2 == 1 ? DType::kBF16 : DType::kF16,
+                       .fp8 = true,
+                       .d = d,
+                       .hq = 16,
+                       .hkv = 2,
+                       .page_size = page,
+                       .lens_q = {0, 1, 77, 130},
+                       .lens_k = {5, 1 + 40, 77 + 300, 130 + 90},
+                       .causal = page != 8,
+                       .window = d == 64 && page == 16 ? 128 : -1,
+                       .sinks = f % 3 == 0 || (d == 64 && page == 16),
+                       .softcap = d == 128 && page == 64 ? 30.0f : 0.0f,
+                       .append = page == 16,
+                       .page_gap = page == 8 ? 3 : 0});
+    }
+  }
   const OperatorId extend{kFamilyAttention, kModeExtend};
-  for (const char* kernel : {"attention.extend.wgmma_ws", "attention.extend.wgmma_window", "attention.extend.mma",
-                             "attention.extend.mma_window", "attention.extend.reference"}) {
+  for (const char* kernel :
+       {"attention.extend.wgmma_ws", "attention.extend.wgmma_window", "attention.extend.mma", "attention.extend.mma_window",
+        "attention.extend.mma_fp8", "attention.extend.mma_window_fp8", "attention.extend.reference"}) {
     Registry::global().set_override(extend, kernel);
     int ran = 0;
     for (const auto& c : cases) {
