@@ -83,8 +83,11 @@ std::vector<Signature> amd_signatures() {
       sigs.push_back(test::extend_signature(dtype, dtype, d, 8));
     }
   }
+  sigs.push_back(test::prefill_signature("f16", 256, 2));
+  sigs.push_back(test::extend_signature("bf16", "bf16", 256, 2));
   sigs.push_back(test::decode_signature("bf16", "e4m3", 128, 8));
-  sigs.push_back(test::extend_signature("bf16", "e4m3", 128, 8));  // the reference kernel
+  sigs.push_back(test::extend_signature("bf16", "e4m3", 128, 8));
+  sigs.push_back(test::extend_signature("f16", "e4m3", 256, 8));
   sigs.push_back(test::kv_append_signature("bf16", "bf16"));
   sigs.push_back(test::kv_append_signature("f16", "e4m3"));
   sigs.push_back(test::moe_signature("bf16", 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
@@ -118,13 +121,14 @@ TEST(AmdOfflineClang, CompilesEveryAmdKernelForGfx942AndGfx950) {
         EXPECT_NE(text.find("global_store"), std::string::npos);
         continue;
       }
-      const bool paged_mfma = sig.op().mode == kModeExtend && sig.get("kv_dtype") != "e4m3";
+      const bool paged_mfma = sig.op().mode == kModeExtend;
       if (sig.op().mode == kModePrefill || paged_mfma) {
-        // The matrix-core prefill kernel (paged for extend): CDNA4's 32x32x16 MFMA on gfx950,
-        // CDNA3's 32x32x8 on gfx942.
+        // The matrix-core prefill kernel (paged for extend, a 16-bit or e4m3 cache; head_dim up to
+        // 256): CDNA4's 32x32x16 MFMA on gfx950, CDNA3's 32x32x8 on gfx942, and no scratch (spills).
         EXPECT_EQ(k.kernel, paged_mfma ? "attention.extend.mfma" : "attention.prefill.mfma");
         const std::string mfma = std::string(arch) == "gfx950" ? "v_mfma_f32_32x32x16_" : "v_mfma_f32_32x32x8_";
         EXPECT_NE(text.find(mfma + (sig.get("dtype") == "bf16" ? "bf16" : "f16")), std::string::npos) << mfma;
+        EXPECT_EQ(text.find("scratch_"), std::string::npos);
       }
       if (sig.op().mode == kModeDecode) {
         // The matrix-core decode kernel, the same instructions (an e4m3 cache widened to q's type).

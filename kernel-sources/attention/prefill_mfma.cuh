@@ -7,6 +7,8 @@
 //   S^T = K Q^T  (32 keys x 32 queries): lane l holds query l % 32 and 16 of the block's keys;
 //   O^T = V^T P^T (D dims x 32 queries): P^T's accumulator layout is exactly the B operand this
 //                 product needs, and lane l again holds query l % 32.
+// kPaged with an e4m3 cache (KvT = e4m3): K and V are widened to q's type as they load, exactly;
+// k_scale joins the scores' scale and v_scale the output's, as in decode_mfma.cuh.
 // The 32x32 MFMA layouts are in common/mfma.cuh. Any fixed permutation of a product's reduction
 // index is harmless when A and B share it; the P^T operand of the 16-wide product takes the key
 // order its accumulator layout gives (keys 8 (r / 4) + 4 h + r % 4), and V^T follows it.
@@ -24,8 +26,11 @@ namespace kiln {
 #if defined(KILN_AMD)
 
 // kPaged: K and V are paged caches (KilnPrefillParams::page_table): each row read finds its page.
-template <typename T, int kHeadDim, bool kPaged = false>
+// KvT: their element type, T or (paged only) e4m3.
+template <typename T, int kHeadDim, bool kPaged = false, typename KvT = T>
 __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
+  constexpr bool kFp8Cache = __is_same(KvT, e4m3);
+  static_assert(!kFp8Cache || kPaged, "e4m3 K and V come from paged caches");
   constexpr int kBlock = 32;                  // queries per wavefront, keys per block
   constexpr int kKSteps = kHeadDim / kMfmaK;  // steps of S^T = K Q^T
   constexpr int kDBlocks = kHeadDim / 32;     // 32-dim row blocks of O^T
@@ -45,8 +50,10 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     for (int i = 0; i < kMfmaHalfK; ++i) qb[ks][i] = query_valid ? q_row[ks * kMfmaK + h * kMfmaHalfK + i] : u16(0);
   }
 
-  const u16* k_base = static_cast<const u16*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
-  const u16* v_base = static_cast<const u16*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
+  // Element offsets (of KvT) of this KV head's first key.
+  const long long k_base = blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride;
+  const long long v_base = blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride;
+  const float score_scale = kFp8Cache ? p.softmax_scale * p.k_scale : p.softmax_scale;
   mfma_f32x16 o[kDBlocks];
 #pragma unroll
   for (int d = 0; d < kDBlocks; ++d) o[d] = mfma_f32x16{};
@@ -58,14 +65,14 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     // S^T: A = K rows (lane (col, h): key key0 + col, its dims of each step).
     const int a_key = key0 + col;
     const bool a_valid = a_key < blk.len_k;
-    const u16* k_row = k_base + key_row_offset<kPaged>(p, blk.batch, a_valid ? a_key : 0, p.k_row_stride, p.k_page_stride);
-    const mfma_f32x16 s = mfma_scores_transposed<T>(k_row, 0, a_valid, h, qb);
+    const long long k_row = k_base + key_row_offset<kPaged>(p, blk.batch, a_valid ? a_key : 0, p.k_row_stride, p.k_page_stride);
+    const mfma_f32x16 s = mfma_scores_transposed<T, kKSteps, KvT>(p.k, k_row, a_valid, h, qb);
     // Register r holds key key0 + 8 (r / 4) + 4 h + r % 4 for this lane's query.
     float x[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const int key = key0 + 8 * (r / 4) + 4 * h + r % 4;
-      float v = softcap_score(s[r] * p.softmax_scale, p.softcap) * log2e;
+      float v = softcap_score(s[r] * score_scale, p.softcap) * log2e;
       if (key >= blk.len_k || (blk.upper_bound && key > position) || (p.window_left >= 0 && key < position - p.window_left)) {
         v = neg_inf();
       }
@@ -87,8 +94,9 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
 #pragma unroll
         for (int i = 0; i < kMfmaHalfK; ++i) {
           const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
-          va[i] = key < blk.len_k ? v_base[key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) + 32 * d + col]
-                                  : u16(0);  // P is 0 there; no NaN
+          va[i] = key < blk.len_k
+                      ? cache_bits<T, KvT>(p.v, v_base + key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) + 32 * d + col)
+                      : u16(0);  // P is 0 there; no NaN
         }
         o[d] = mfma_32x32<T>(va, pb, o[d]);
       }
@@ -105,7 +113,7 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
     m_nat = with_sink;
   }
   if (!query_valid) return;
-  const float inv = l > 0.0f ? scale_o / l : 0.0f;
+  const float inv = (l > 0.0f ? scale_o / l : 0.0f) * (kFp8Cache ? p.v_scale : 1.0f);
   T* out = static_cast<T*>(p.out) + (blk.q_begin + query) * p.out_row_stride + blk.head * p.out_head_stride;
   // O^T register r of block d holds dim 32 d + 8 (r / 4) + 4 h + r % 4.
 #pragma unroll

@@ -10,7 +10,8 @@ namespace kiln {
 
 namespace {
 
-// paged: mha_extend_with_kvcache's form (kPaged), over a cache of the queries' type.
+// paged: mha_extend_with_kvcache's form (kPaged), over a cache of the queries' type or of e4m3
+// (widened as it loads). head_dim 64, 128 or 256.
 KernelSpec prefill_mfma_spec(const char* name, bool paged) {
   KernelSpec spec;
   spec.name = name;
@@ -25,13 +26,15 @@ KernelSpec prefill_mfma_spec(const char* name, bool paged) {
   spec.source = "attention/prefill_mfma.cuh";
   spec.accepts = [paged](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
-    if (paged && sig.get("kv_dtype") != sig.get("dtype")) {
-      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype)", sig.get("kv_dtype"));
+    if (paged && sig.get("kv_dtype") != sig.get("dtype") && sig.get("kv_dtype") != "e4m3") {
+      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype, or e4m3)", sig.get("kv_dtype"));
     }
-    return detail::check_head_dim_64_or_128(sig);
+    return detail::check_head_dim_64_or_128(sig, /*also_256=*/true);
   };
   spec.specialize = [paged](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_mfma<kiln::{}, {}, {}>", sig.get("dtype"), sig.get_int("head_dim"), paged), {}};
+    return Specialization{fmt::format("kiln::prefill_mfma<kiln::{}, {}, {}, kiln::{}>", sig.get("dtype"), sig.get_int("head_dim"), paged,
+                                      paged ? sig.get("kv_dtype") : sig.get("dtype")),
+                          {}};
   };
   spec.launch_shape = [](const void* params, const Platform&) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
