@@ -240,6 +240,35 @@ def test_append_then_extend_equals_attention_over_the_whole_sequence(page_size, 
     assert relative_error(lse, torch.cat(lses)) < 1e-4
 
 
+@pytest.mark.parametrize("page_size, d, window, sinks", [(16, 128, None, False), (16, 64, 128, True), (8, 256, None, True)])
+def test_append_then_extend_over_an_e4m3_cache(page_size, d, window, sinks):
+    """Chunked prefill over an fp8 KV cache: every row goes in through kv_cache_append with
+    per-tensor scales, and extend matches float64 attention over the values the cache holds."""
+    hq, hkv = (64, 8) if d == 64 else (16, 8)
+    new, prefix = [200, 1, 77], [0, 700, 300]
+    q, k, v, kc, _, table, lens, cu, _, _, _ = extend_problem(new, prefix, hq, hkv, d, page_size, torch.bfloat16)
+    k_scale, v_scale = 0.05, 0.02
+    kc8 = torch.zeros(kc.shape, dtype=torch.float8_e4m3fn, device=DEV)
+    vc8 = torch.zeros_like(kc8)
+    pages = [table[b].long()[:, None] * page_size + torch.arange(page_size, device=DEV) for b in range(len(new))]
+    rows = [pages[b].flatten()[:len(k[b])] for b in range(len(new))]  # sequence b's slots, prefix and new
+    kiln.kv_cache_append(torch.cat(k), torch.cat(v), torch.cat(rows), kc8, vc8, k_scale=k_scale, v_scale=v_scale)
+    sink = torch.randn(hq, device=DEV) if sinks else None
+    out, lse = kt.mha_extend_with_kvcache(q, kc8, vc8, table, lens, cu, max(new), return_lse=True, window_left=window, sinks=sink,
+                                          k_scale=k_scale, v_scale=v_scale)
+    torch.cuda.synchronize()
+    held_k = kc8.view(-1, hkv, d).double() * k_scale  # converted whole: float8 tensors take few operations
+    held_v = vc8.view(-1, hkv, d).double() * v_scale
+    refs, lses = [], []
+    for b in range(len(new)):
+        r, l = attention_reference(q[int(cu[b]):int(cu[b + 1])], held_k[rows[b]], held_v[rows[b]], causal=True, window=window,
+                                   sinks=sink, softcap=None, scale=1 / math.sqrt(d))
+        refs.append(r)
+        lses.append(l)
+    assert relative_error(out, torch.cat(refs)) < BOUND[torch.bfloat16]
+    assert relative_error(lse, torch.cat(lses)) < 1e-3  # the scores multiply in f16 (q converted, times k_scale)
+
+
 def test_append_to_an_e4m3_cache_quantizes_like_torch():
     k = torch.randn(100, 8, 64, dtype=torch.bfloat16, device=DEV) * 50
     v = torch.randn(100, 8, 64, dtype=torch.bfloat16, device=DEV)
