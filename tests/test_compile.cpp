@@ -47,10 +47,13 @@ std::vector<Signature> representative_signatures() {
   // GPT-OSS's sliding-window layers, for the kernels that take only windows.
   out.push_back(test::prefill_signature("bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
   out.push_back(test::extend_signature("bf16", "bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
+  out.push_back(test::extend_signature("bf16", "e4m3", 64, 8).set_flag("window", true).set_flag("sinks", true));
   // Speculative decode: 4 tokens per sequence; pages of one token (SGLang) on both cache kinds.
   out.push_back(test::decode_signature("bf16", "bf16", 64, 8, 16, 4));
   out.push_back(test::decode_signature("bf16", "bf16", 64, 8, 1));
   out.push_back(test::decode_signature("bf16", "e4m3", 128, 8, 1));
+  // Beyond the split kernel's rows with an e4m3 cache: 9 tokens over a group of 8.
+  out.push_back(test::decode_signature("bf16", "e4m3", 64, 8, 16, 9));
   for (const char* weights : {"bf16", "mxfp4"}) {
     out.push_back(test::moe_signature(weights, 2880, 2880, 128, 4, "bf16", "swiglu_clamped", "interleaved", "f32"));
   }

@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(64) prefill_mfma(const KilnPrefillParams p) {
         for (int i = 0; i < kMfmaHalfK; ++i) {
           const int r = t * kMfmaHalfK + i, key = key0 + 8 * (r / 4) + 4 * h + r % 4;
           va[i] = key < blk.len_k
-                      ? cache_bits<T, KvT>(p.v, v_base + key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) + 32 * d + col)
+                      ? cache_bits<T, KvT>(
+                            p.v, v_base + key_row_offset<kPaged>(p, blk.batch, key, p.v_row_stride, p.v_page_stride) + 32 * d + col)
                       : u16(0);  // P is 0 there; no NaN
         }
         o[d] = mfma_32x32<T>(va, pb, o[d]);

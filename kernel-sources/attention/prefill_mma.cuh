@@ -53,9 +53,9 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   constexpr int kRowBytes = kHeadDim * 2, kTileBytes = kBlockK * kRowBytes;
   constexpr bool kFp8 = SameType<Cache, e4m3>::value;
   static_assert(!kFp8 || kPaged, "e4m3 K and V come from paged caches");
-  typedef typename MmaType<T, Cache>::type M;                     // what the MMAs multiply: T, or f16
-  constexpr int kCacheRowBytes = kHeadDim * int(sizeof(Cache));   // a K or V row as copied
-  constexpr int kCopyChunks = kCacheRowBytes / 16;                // 16-byte copies per row
+  typedef typename MmaType<T, Cache>::type M;                    // what the MMAs multiply: T, or f16
+  constexpr int kCacheRowBytes = kHeadDim * int(sizeof(Cache));  // a K or V row as copied
+  constexpr int kCopyChunks = kCacheRowBytes / 16;               // 16-byte copies per row
   // Rows of a K or V tile one pass of the CTA copies: all threads, or half where that would not
   // divide the tile (e4m3 rows at head_dim 64 in 48-key tiles: 16 rows, the first 64 threads).
   constexpr int kPassRows = kThreads / kCopyChunks;
@@ -99,8 +99,10 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
   // CTA sees are zero-filled (P is 0 there, and 0 * garbage could be NaN).
   constexpr int kPerCopy = 16 / int(sizeof(Cache));  // elements a copy moves
   const int copy_row = threadIdx.x / kCopyChunks, copy_chunk = threadIdx.x % kCopyChunks;
-  const Cache* k_rows = static_cast<const Cache*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + copy_chunk * kPerCopy;
-  const Cache* v_rows = static_cast<const Cache*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + copy_chunk * kPerCopy;
+  const Cache* k_rows =
+      static_cast<const Cache*>(p.k) + blk.k_begin * p.k_row_stride + blk.kv_head * p.k_head_stride + copy_chunk * kPerCopy;
+  const Cache* v_rows =
+      static_cast<const Cache*>(p.v) + blk.k_begin * p.v_row_stride + blk.kv_head * p.v_head_stride + copy_chunk * kPerCopy;
   const unsigned copy_offset = kFp8 ? copy_row * kCacheRowBytes + copy_chunk * 16 : swizzled(copy_row, copy_chunk, kChunks);
   // Copy j's offset from the first copy's: whole rows where a pass copies whole 8-row swizzle
   // groups (or e4m3's plain rows); at head_dim 256 (4 rows a pass) odd copies sit in the other
@@ -180,9 +182,8 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const unsigned lo = raw.w[2 * half], hi = raw.w[2 * half + 1];
-          store16_shared(to + swizzled(row, 2 * chunk + half, kChunks),
-                         Bf16x8{{e4m3x2_to_f16x2(lo & 0xffffu), e4m3x2_to_f16x2(lo >> 16), e4m3x2_to_f16x2(hi & 0xffffu),
-                                 e4m3x2_to_f16x2(hi >> 16)}});
+          store16_shared(to + swizzled(row, 2 * chunk + half, kChunks), Bf16x8{{e4m3x2_to_f16x2(lo & 0xffffu), e4m3x2_to_f16x2(lo >> 16),
+                                                                                e4m3x2_to_f16x2(hi & 0xffffu), e4m3x2_to_f16x2(hi >> 16)}});
         }
       }
       __syncthreads();  // every f16 row is in place before any warp reads the tiles
