@@ -28,8 +28,8 @@ constexpr uint32_t kRingAlignSlack = 128;
 // slower than on attention.decode.prefill_mma, which takes them (H200, B64 ctx4096: head_dim 256,
 // 16/8 heads, q_len 16, 0.975 ms against 0.696; head_dim 64, 64/8 heads, q_len 8, 0.40 ms against
 // 0.33 even with the row tiles sharing a ring), though a small batch ran 2-4.4x faster. With an
-// e4m3 cache, which only the reference kernel takes otherwise, four tiles (two at head_dim 256,
-// where a 99 KB part fits the rings of only three warps).
+// e4m3 cache four tiles (two at head_dim 256, where a 99 KB part fits the rings of only three
+// warps); attention.decode.prefill_mma_fp8 takes more.
 int64_t max_query_rows(int64_t head_dim, bool fp8_cache) {
   if (fp8_cache) return head_dim == 256 ? 32 : 64;
   return head_dim == 256 ? 16 : 32;

@@ -39,13 +39,13 @@ KILN_REGISTER_KERNEL(attention_extend_wgmma_window) {
   return detail::prefill_kernel(k);
 }
 
-KILN_REGISTER_KERNEL(attention_extend_mma) {
-  detail::PrefillKernel k = detail::mma_sync_kernel("attention.extend.mma", Priority::kPortable);
-  k.input = PrefillInput::kPagedExtend;
-  return detail::prefill_kernel(k);
-}
-
 namespace {
+
+detail::PrefillKernel extend_mma(const char* name) {
+  detail::PrefillKernel k = detail::mma_sync_kernel(name, Priority::kPortable);
+  k.input = PrefillInput::kPagedExtend;
+  return k;
+}
 
 detail::PrefillKernel extend_mma_window(const char* name) {
   detail::PrefillKernel k = detail::mma_sync_kernel(name, Priority::kSpecialized);
@@ -59,14 +59,13 @@ detail::PrefillKernel extend_mma_window(const char* name) {
 
 }  // namespace
 
+KILN_REGISTER_KERNEL(attention_extend_mma) { return detail::prefill_kernel(extend_mma("attention.extend.mma")); }
 KILN_REGISTER_KERNEL(attention_extend_mma_window) { return detail::prefill_kernel(extend_mma_window("attention.extend.mma_window")); }
 
 // An e4m3 cache (chunked prefill over an fp8 KV cache): the mma.sync kernels convert each block's
 // rows to f16 in shared memory.
 KILN_REGISTER_KERNEL(attention_extend_mma_fp8) {
-  detail::PrefillKernel k = detail::mma_sync_kernel("attention.extend.mma", Priority::kPortable);
-  k.input = PrefillInput::kPagedExtend;
-  return detail::prefill_kernel(detail::mma_sync_e4m3_kernel(k, "attention.extend.mma_fp8"));
+  return detail::prefill_kernel(detail::mma_sync_e4m3_kernel(extend_mma("attention.extend.mma"), "attention.extend.mma_fp8"));
 }
 KILN_REGISTER_KERNEL(attention_extend_mma_window_fp8) {
   return detail::prefill_kernel(
