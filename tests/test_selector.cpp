@@ -527,6 +527,56 @@ TEST(Selector, PrefillWindowTensorMaps) {
   EXPECT_EQ(describe(maps[kPrefillMapV]), (std::array<uint64_t, 9>{3, 64, 1, 1, 128, 64 * 64 * 2, 64, 1, 48}));
 }
 
+// The window strip kernel: q boxes of 8 heads x 8 positions, k and v boxes of one 8-key block;
+// strips enough for two CTAs an SM, none shorter than 8 steps of 8 positions.
+TEST(Selector, PrefillWindowStripMapsAndStrips) {
+  const auto spec = Registry::global().find("attention.prefill.window_strip");
+  ASSERT_TRUE(spec && spec->tensor_maps);
+  Platform sm90a = platform_for_target("sm_90a");
+  sm90a.multiprocessor_count = 132;
+  KilnPrefillParams p = prefill_params_at_stand_in_addresses();
+  p.batch = 1, p.max_seqlen_q = 4096, p.num_heads_q = 64, p.num_heads_kv = 8, p.head_dim = 64, p.total_q = 4096, p.total_k = 4096;
+  p.q_row_stride = 64 * 64, p.q_head_stride = 64;
+  p.k_row_stride = p.v_row_stride = 8 * 64, p.k_head_stride = p.v_head_stride = 64;
+  const std::vector<TensorMapRequest> maps = spec->tensor_maps(&p, sm90a);
+  ASSERT_EQ(maps.size(), size_t{kPrefillTensorMaps});
+  EXPECT_EQ((std::array<uint32_t, 3>{maps[kPrefillMapQ].box[0], maps[kPrefillMapQ].box[1], maps[kPrefillMapQ].box[2]}),
+            (std::array<uint32_t, 3>{64, 8, 8}));
+  EXPECT_EQ((std::array<uint32_t, 3>{maps[kPrefillMapK].box[0], maps[kPrefillMapK].box[1], maps[kPrefillMapK].box[2]}),
+            (std::array<uint32_t, 3>{64, 1, 8}));
+  LaunchShape shape = spec->launch_shape(&p, sm90a);
+  EXPECT_EQ((std::array<uint32_t, 3>{shape.grid[0], shape.grid[1], shape.grid[2]}), (std::array<uint32_t, 3>{33, 8, 1}));  // 264 / 8
+  EXPECT_EQ(shape.block[0], 256u);
+  p.max_seqlen_q = 100;  // 13 steps: one strip
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).grid[0], 1u);
+  p.batch = 64, p.max_seqlen_q = 4096;  // 512 (sequence, KV head) pairs: a strip each
+  EXPECT_EQ(spec->launch_shape(&p, sm90a).grid[0], 1u);
+}
+
+// GPT-OSS's sliding layers (group 8, head_dim 64, windows up to 128 keys back) take the window
+// strip kernel on sm_90a; other groups, head dims, longer windows and soft caps do not.
+TEST(Selector, ShortWindowsAtGroup8TakeTheWindowStripKernel) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  Signature sig = test::prefill_signature("bf16", 64, 8, true);
+  sig.set_flag("window", true).set_flag("sinks", true).set_flag("short_window", true);
+  EXPECT_EQ(Registry::global().select(sig, sm90a)->name, "attention.prefill.window_strip");
+  EXPECT_EQ(Registry::global().select(sig, platform_for_target("sm_80"))->name, "attention.prefill.mma_window");
+  const auto strip = Registry::global().find("attention.prefill.window_strip");
+  Signature other = sig;
+  other.set("group", int64_t{4});
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  other = sig;
+  other.set("head_dim", int64_t{128});
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  other = test::prefill_signature("bf16", 64, 8, true);
+  other.set_flag("window", true);  // a window longer than 128 keys
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.prefill.wgmma_window");
+  other = sig;
+  other.set_flag("softcap", true);
+  EXPECT_TRUE(strip->accepts(other).has_value());
+}
+
 // The warp-specialized kernel's key blocks: 176 keys at head_dim 128 for contiguous keys (prefill),
 // 128 at head_dim 64 and for paged keys (extend); shared memory and the k and v boxes follow.
 TEST(Selector, PrefillWarpSpecializedKeyBlocks) {

@@ -247,7 +247,15 @@ TEST(Validation, PrefillAcceptsHostCuSeqlensAndOptionalTensors) {
   a.window_left = 0;
   a.softcap = 30.0f;
   EXPECT_NO_THROW(validate(a));
-  EXPECT_EQ(signature_of(a).canonical(), "attention.prefill:causal=0,dtype=bf16,group=4,head_dim=128,lse=1,sinks=1,softcap=1,window=1");
+  EXPECT_EQ(signature_of(a).canonical(),
+            "attention.prefill:causal=0,dtype=bf16,group=4,head_dim=128,lse=1,short_window=1,sinks=1,softcap=1,window=1");
+  // Only windows of at most 128 keys back carry short_window (attention/window_strip.h).
+  a.window_left = 128;
+  EXPECT_TRUE(signature_of(a).has("short_window"));
+  a.window_left = 129;
+  EXPECT_FALSE(signature_of(a).has("short_window"));
+  a.window_left = -1;
+  EXPECT_FALSE(signature_of(a).has("short_window"));
 }
 
 TEST(Validation, Decode) {

@@ -196,19 +196,26 @@ __device__ __forceinline__ void pack_p_fragments(const float (&s)[kKeyTiles][4],
 // sums and the sink (it joins the denominator and adds no value). Sets the row's final max `m_nat`
 // (natural log) and sum `l`, and `scale_o`, the sink's share taken off O: O is multiplied by
 // row_inverse(l, scale_o).
-__device__ __forceinline__ void finish_prefill_row(const KilnPrefillParams& p, const float (&m_row)[2], float (&l_row)[2], int half,
-                                                   int head, float& m_nat, float& l, float& scale_o) {
+// The same with the row's sink given (`sink`, read where has_sink), for a kernel that reads it once.
+template <typename Sink>
+__device__ __forceinline__ void finish_row_with_sink(const float (&m_row)[2], float (&l_row)[2], int half, bool has_sink, Sink sink,
+                                                     float& m_nat, float& l, float& scale_o) {
   const float ln2 = 0.6931471805599453f;  // a multiply, not an IEEE division
   l_row[half] = quad_sum(l_row[half]);
   m_nat = m_row[half] == neg_inf() ? neg_inf() : m_row[half] * ln2;
   l = l_row[half];
   scale_o = 1.0f;
-  if (p.sinks != nullptr) {
-    const float sink = p.sinks[head], with_sink = fmaxf(m_nat, sink);
+  if (has_sink) {
+    const float sink_logit = sink(), with_sink = fmaxf(m_nat, sink_logit);
     scale_o = m_nat == neg_inf() ? 0.0f : __expf(m_nat - with_sink);
-    l = l * scale_o + __expf(sink - with_sink);
+    l = l * scale_o + __expf(sink_logit - with_sink);
     m_nat = with_sink;
   }
+}
+__device__ __forceinline__ void finish_prefill_row(const KilnPrefillParams& p, const float (&m_row)[2], float (&l_row)[2], int half,
+                                                   int head, float& m_nat, float& l, float& scale_o) {
+  finish_row_with_sink(
+      m_row, l_row, half, p.sinks != nullptr, [&] { return p.sinks[head]; }, m_nat, l, scale_o);
 }
 // l is at most the key count, far below the 2^126 where __fdividef would return 0.
 __device__ __forceinline__ float row_inverse(float l, float scale_o) { return l > 0.0f ? __fdividef(scale_o, l) : 0.0f; }

@@ -114,6 +114,8 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 #define KILN_WGMMA_RS_A_128 ", {%64, %65, %66, %67}, %68, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_128 "setp.ne.b32 p, %69, 0;\n"
 #define KILN_WGMMA_D_144 "{" KILN_WGMMA_REGS_144 "}"
+#define KILN_WGMMA_SS_TAIL_144 ", %72, %73, p, 1, 1, 0, 0;\n"
+#define KILN_WGMMA_SS_PRED_144 "setp.ne.b32 p, %74, 0;\n"
 #define KILN_WGMMA_RS_A_144 ", {%72, %73, %74, %75}, %76, p, 1, 1, "
 #define KILN_WGMMA_RS_PRED_144 "setp.ne.b32 p, %77, 0;\n"
 #define KILN_WGMMA_D_176 "{" KILN_WGMMA_REGS_176 "}"
@@ -138,6 +140,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&
 // memory (N rows of 16 K values, as wgmma_ss takes it).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate);
+// wgmma_rs with the accumulate operand: D = A B (0) or D += A B, B N-major.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs_n_major(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate);
 
 #define KILN_WGMMA_DEFINE(TYPE, N)                                                                                                     \
   template <>                                                                                                                          \
@@ -164,6 +169,12 @@ __device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const uns
                                                             int accumulate) {                                                 \
     KILN_WGMMA_RS_ASM(TYPE, N, 0, accumulate);                                                                                \
   }
+#define KILN_WGMMA_RS_N_MAJOR_DEFINE(TYPE, N)                                                                                 \
+  template <>                                                                                                                 \
+  __device__ __forceinline__ void wgmma_rs_n_major<TYPE, N>(float(&d)[N / 8][4], const unsigned(&a)[4], unsigned long long b, \
+                                                            int accumulate) {                                                 \
+    KILN_WGMMA_RS_ASM(TYPE, N, 1, accumulate);                                                                                \
+  }
 KILN_WGMMA_DEFINE(bf16, 64)
 KILN_WGMMA_DEFINE(bf16, 128)
 KILN_WGMMA_RS_K_MAJOR_DEFINE(bf16, 64)  // the MoE grouped GEMMs with MXFP4 weights
@@ -179,8 +190,13 @@ KILN_WGMMA_DEFINE(bf16, 176)  // the prefill kernel's key blocks at head_dim 128
 KILN_WGMMA_DEFINE(f16, 176)
 KILN_WGMMA_DEFINE(bf16, 48)  // the sliding-window kernel's key blocks
 KILN_WGMMA_DEFINE(f16, 48)
+KILN_WGMMA_DEFINE(bf16, 144)  // the window strip kernel's bands
+KILN_WGMMA_DEFINE(f16, 144)
+KILN_WGMMA_RS_N_MAJOR_DEFINE(bf16, 64)  // the window strip kernel's P V, whose first step overwrites O
+KILN_WGMMA_RS_N_MAJOR_DEFINE(f16, 64)
 #undef KILN_WGMMA_DEFINE
 #undef KILN_WGMMA_RS_K_MAJOR_DEFINE
+#undef KILN_WGMMA_RS_N_MAJOR_DEFINE
 #undef KILN_WGMMA_RS_ASM
 
 // D = A B^T over K in steps of 16 (the first step overwrites D), A [64 x K] and B [N x K] K-major

@@ -12,29 +12,6 @@
 namespace kiln::detail {
 namespace {
 
-// The TMA maps of the wgmma window and warp-specialized kernels: q, k and v as (head_dim, heads,
-// rows), boxes of 64 elements x 1 head x `q_rows` or `key_rows` rows; paged caches as their
-// num_pages x page_size rows. With no keys to copy by TMA (none at all, or pages TMA cannot copy)
-// the maps must still encode: k and v then map one row of q.
-std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows) {
-  auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_rows) {
-    return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
-                                {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)},
-                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2},
-                                {64, 1, static_cast<uint32_t>(box_rows)});
-  };
-  std::vector<TensorMapRequest> maps;
-  maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_rows));
-  if (p.total_k > 0) {
-    maps.push_back(map(kPrefillMapK, p.k, p.num_heads_kv, p.total_k, p.k_row_stride, p.k_head_stride, key_rows));
-    maps.push_back(map(kPrefillMapV, p.v, p.num_heads_kv, p.total_k, p.v_row_stride, p.v_head_stride, key_rows));
-  } else {
-    maps.push_back(map(kPrefillMapK, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
-    maps.push_back(map(kPrefillMapV, p.q, 1, 1, p.q_row_stride, p.q_head_stride, key_rows));
-  }
-  return maps;
-}
-
 // Query heads per CTA of the packing kernel: the largest power of two up to `warps` dividing the
 // group, so a CTA's heads read one KV head and its warps split evenly between them.
 int packed_heads(int64_t group, int warps) {
@@ -89,6 +66,26 @@ const char* mode_of(PrefillInput input) {
 }
 
 }  // namespace
+
+std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows, int q_heads) {
+  auto map = [&](int slot, const void* base, int heads, int rows, long long row_stride, long long head_stride, int box_heads,
+                 int box_rows) {
+    return TensorMapRequest::of(offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
+                                {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)},
+                                {static_cast<uint64_t>(head_stride) * 2, static_cast<uint64_t>(row_stride) * 2},
+                                {64, static_cast<uint32_t>(box_heads), static_cast<uint32_t>(box_rows)});
+  };
+  std::vector<TensorMapRequest> maps;
+  maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_heads, q_rows));
+  if (p.total_k > 0) {
+    maps.push_back(map(kPrefillMapK, p.k, p.num_heads_kv, p.total_k, p.k_row_stride, p.k_head_stride, 1, key_rows));
+    maps.push_back(map(kPrefillMapV, p.v, p.num_heads_kv, p.total_k, p.v_row_stride, p.v_head_stride, 1, key_rows));
+  } else {
+    maps.push_back(map(kPrefillMapK, p.q, 1, 1, p.q_row_stride, p.q_head_stride, 1, key_rows));
+    maps.push_back(map(kPrefillMapV, p.q, 1, 1, p.q_row_stride, p.q_head_stride, 1, key_rows));
+  }
+  return maps;
+}
 
 KernelSpec prefill_kernel(const PrefillKernel& k) {
   KernelSpec spec;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/params.h"
 #include "kiln/registry.hpp"
 
 namespace kiln::detail {
@@ -50,6 +51,12 @@ struct PrefillKernel {
 };
 
 KernelSpec prefill_kernel(const PrefillKernel& k);
+
+// The TMA maps of the Hopper kernels: q, k and v as (head_dim, heads, rows), boxes of 64 elements x
+// `q_heads` heads x `q_rows` rows for q and 64 x 1 x `key_rows` for k and v; paged caches as their
+// num_pages x page_size rows. With no keys to copy by TMA (none at all, or pages TMA cannot copy)
+// the maps must still encode: k and v then map one row of q.
+std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, int q_rows, int key_rows, int q_heads = 1);
 
 // The mma.sync kernels of attention/prefill_mma.cuh, 4 warps each.
 PrefillKernel mma_sync_kernel(const char* name, Priority priority);

@@ -2,6 +2,7 @@
 // and the hit path's call keys all come from these, and manifests are validated against them.
 #include <fmt/format.h>
 
+#include "attention/window_strip.h"
 #include "kiln/author.hpp"
 #include "kiln/error.hpp"
 #include "moe/stream_workspace.h"
@@ -43,7 +44,7 @@ constexpr auto kName = FieldText::kName;
 
 }  // namespace
 
-const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table() {
+const SignatureTable<MhaPrefillArgs, 9>& prefill_signature_table() {
   static const auto table = signature_table<MhaPrefillArgs>(
       {kFamilyAttention, kModePrefill},
       Prefill{"dtype", kName, [](const MhaPrefillArgs& a) { return static_cast<int64_t>(a.q.dtype); }, dtype_text},
@@ -53,7 +54,12 @@ const SignatureTable<MhaPrefillArgs, 8>& prefill_signature_table() {
       Prefill{"window", kFlag, [](const MhaPrefillArgs& a) { return int64_t{a.window_left >= 0}; }},
       Prefill{"sinks", kFlag, [](const MhaPrefillArgs& a) { return int64_t{a.sinks.defined()}; }},
       Prefill{"softcap", kFlag, [](const MhaPrefillArgs& a) { return int64_t{a.softcap > 0}; }},
-      Prefill{"lse", kFlag, [](const MhaPrefillArgs& a) { return int64_t{a.lse.defined()}; }});
+      Prefill{"lse", kFlag, [](const MhaPrefillArgs& a) { return int64_t{a.lse.defined()}; }},
+      // Only calls whose window reaches at most kWindowStripMaxWindow keys back carry it (GPT-OSS's
+      // sliding layers): they run a kernel of their own (attention/window_strip.h); other calls keep
+      // their signatures.
+      Prefill{"short_window", kFlag, [](const MhaPrefillArgs&) { return int64_t{1}; }, nullptr,
+              [](const MhaPrefillArgs& a) { return a.window_left >= 0 && a.window_left <= kWindowStripMaxWindow; }});
   return table;
 }
 

@@ -818,9 +818,11 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
   const std::string op = operator_name(sig.op());
   const int64_t group = f.count("group") ? sig.get_int("group") : 1;
   if (op == "mha_prefill") {
+    // A window of 64 keys is a short one (short_window, attention/window_strip.h); 200 is not.
+    const int window = get("window") != "1" ? -1 : f.count("short_window") ? 64 : 200;
     return fmt::format("batch={},seqlen=256,heads_kv=2,heads_q={},head_dim={},dtype={},causal={},window={},sinks={},softcap={}",
-                       batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("causal"), get("window") == "1" ? 64 : -1,
-                       get("sinks"), get("softcap") == "1" ? 30 : 0);
+                       batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("causal"), window, get("sinks"),
+                       get("softcap") == "1" ? 30 : 0);
   }
   if (op == "mha_decode_with_kvcache") {
     return fmt::format(

@@ -153,11 +153,12 @@ Signature prefill_case_signature(const PrefillCase& c) {
   sig.set("dtype", dtype_name(c.dtype)).set("head_dim", int64_t{c.d}).set("group", int64_t{c.hq / c.hkv});
   sig.set_flag("causal", c.causal).set_flag("window", c.window >= 0).set_flag("sinks", c.sinks);
   sig.set_flag("softcap", c.softcap > 0).set_flag("lse", c.lse);
+  if (c.window >= 0 && c.window <= 128) sig.set_flag("short_window", true);  // as signature_of sets it
   return sig;
 }
 
-const char* const kPrefillKernels[] = {"attention.prefill.wgmma_ws", "attention.prefill.wgmma_window", "attention.prefill.mma",
-                                       "attention.prefill.mma_window", "attention.prefill.reference"};
+const char* const kPrefillKernels[] = {"attention.prefill.wgmma_ws", "attention.prefill.window_strip", "attention.prefill.wgmma_window",
+                                       "attention.prefill.mma",      "attention.prefill.mma_window",   "attention.prefill.reference"};
 
 // Every case runs on each prefill kernel that accepts it: the Hopper wgmma kernel (the device is an
 // H100 or H200), the portable tensor-core kernel, its head-packing form for windows and the
@@ -382,6 +383,70 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
        .window = 47,
        .sinks = true,
        .softcap = 20.0f},
+      // The window strip kernel (GPT-OSS's group 8 at head_dim 64, windows up to 128 keys back):
+      // strips over several ring laps (4096 rows), empty and one-row sequences, fewer keys than
+      // queries and more, the diagonal alone, windows at and below its full-band path's 120.
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 64,
+       .hkv = 8,
+       .lens_q = {4096, 3000},
+       .lens_k = {4096, 3000},
+       .causal = true,
+       .window = 128,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 2,
+       .lens_q = ragged_q,
+       .lens_k = ragged_k,
+       .causal = true,
+       .window = 127,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .lens_q = {300, 7, 129},
+       .lens_k = {300, 7, 129},
+       .causal = true,
+       .window = 0,
+       .sinks = false,
+       .softcap = 0},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 2,
+       .lens_q = {200, 50, 9},
+       .lens_k = {150, 50, 400},
+       .causal = true,
+       .window = 100,
+       .sinks = true,
+       .softcap = 0},
+      {.dtype = DType::kF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .lens_q = {17, 8, 9, 16, 1000},
+       .lens_k = {17, 8, 9, 16, 1000},
+       .causal = true,
+       .window = 120,
+       .sinks = false,
+       .softcap = 0,
+       .lse = false},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 16,
+       .hkv = 2,
+       .lens_q = {500},
+       .lens_k = {600},
+       .causal = true,
+       .window = 119,
+       .sinks = true,
+       .softcap = 0},
       // Rising keys: blocks where the running maxima must move and blocks where they may stay.
       {.dtype = DType::kBF16,
        .d = 128,
@@ -414,6 +479,17 @@ TEST_F(Gpu, PrefillKernelsMatchFloat64) {
        .causal = true,
        .window = 128,
        .sinks = true,
+       .softcap = 0,
+       .key_growth = 1.0f / 32},
+      {.dtype = DType::kBF16,
+       .d = 64,
+       .hq = 8,
+       .hkv = 1,
+       .lens_q = {2000},
+       .lens_k = {2100},
+       .causal = true,
+       .window = 128,
+       .sinks = false,
        .softcap = 0,
        .key_growth = 1.0f / 32},
       {.dtype = DType::kBF16,
@@ -454,7 +530,7 @@ TEST_F(Gpu, PrefillAcceptsOnlyWhatItComputesRight) {
     int ran = 0;
     for (DType dtype : {DType::kBF16, DType::kF16}) {
       for (int d : {64, 128, 256}) {
-        for (int group : {1, 4}) {
+        for (int group : {1, 4, 8}) {
           for (int bits = 0; bits < 32; ++bits) {
             const PrefillCase c{.dtype = dtype,
                                 .d = d,

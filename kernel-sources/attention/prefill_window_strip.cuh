@@ -1,0 +1,223 @@
+// Sliding-window prefill for windows of at most 129 keys (window_left <= 128) at head_dim 64 and
+// GQA group 8 — GPT-OSS's sliding layers — on Hopper's warpgroup MMA (wgmma, sm_90a). A CTA walks
+// a strip of positions of one KV head, eight positions a step, its two warpgroups taking the steps
+// in turn. A step's 64 rows are the KV head's 8 query heads at those 8 positions, whose windows all
+// lie in one band of 144 keys: the 136 keys of the 8 windows and, before them, one 8-key block no
+// row sees, so that P V runs whole 16-key steps. So a step needs no online softmax: S = Q K^T is
+// one m64n144 chain, the softmax one pass, O = P V nine m64n64k16 MMAs, and each row is finished
+// and stored at once.
+//
+// K and V come once per strip, one 8-key block a step (the head-packing window kernel,
+// prefill_wgmma_window.cuh, copies a whole band per CTA of 16 positions), by TMA into rings of
+// kRingBlocks slots whose first kBandBlocks - 1 slots repeat after the last: a block that wraps is
+// copied to both, so every band is one contiguous 144-row tile an MMA descriptor can walk. Q comes
+// as one box of 8 heads x 8 positions (row 8 position + head). The warpgroups take the steps two
+// at a time, one each, and copies come a pair of steps at a time on the pair's mbarrier (both
+// steps' Q and new blocks): a step's band holds the previous step's new block, which the other
+// warpgroup's barrier alone would not cover. Once both are done with a pair (a CTA barrier), the
+// pair after next is copied into its Q buffers and its bands' first blocks. Out goes back through
+// the step's Q buffer so that stores write whole rows.
+//
+// Measured on an H200 (GPT-OSS window 128 with sinks; bench/RESULTS.md, 2026-11-30): a CTA of one
+// warpgroup (194 registers, 2 CTAs an SM) was latency-bound, its 8 warps an SM issuing in about a
+// third of the cycles; copying three steps ahead instead of two, and the next step's Q K^T under
+// the out, left it level. Two warpgroups of 128 registers fit the same two CTAs an SM.
+//
+// Launch: grid (strips, Hkv, batch): strip x of a sequence takes steps [x L, x L + L), L =
+// ceil(ceil(max_seqlen_q / 8) / strips); block kWindowStripThreads; dynamic shared memory
+// kWindowStripSharedBytes. Tensor maps (KilnPrefillParams::tensor_maps): q boxes of 64 x 8 heads
+// x 8 rows, k and v boxes of 64 x 1 x 8 rows. Contiguous K and V only (mha_prefill), causal, no
+// soft cap.
+#pragma once
+
+#include "attention/mma_softmax.cuh"
+#include "attention/params.h"
+#include "attention/window_strip.h"
+#include "common/prelude.cuh"
+#include "common/shared_address.cuh"
+#include "common/tma_sm90.cuh"
+#include "common/vector_memory.cuh"
+#include "common/wgmma_sm90.cuh"
+
+namespace kiln {
+
+template <typename T>
+__global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(const __grid_constant__ KilnPrefillParams p) {
+  constexpr int kPositions = kWindowStripPositions, kBandBlocks = kWindowStripBandBlocks, kRingBlocks = kWindowStripRingBlocks;
+  constexpr int kGroups = kWindowStripWarpgroups, kQBuffers = kWindowStripQBuffers, kPairs = kQBuffers / kGroups;
+  constexpr int kQBytes = 64 * 128, kBlockBytes = 8 * 128, kRingBytes = (kRingBlocks + kBandBlocks - 1) * kBlockBytes;
+  constexpr int kHeads = kWindowStripHeads, kKeyTiles = kBandBlocks, kDTiles = 8;
+  // Step i + kQBuffers's new block takes block i's slots, whose last band is step i's.
+  static_assert(kRingBlocks == kBandBlocks - 1 + kQBuffers && kGroups == 2 && kQBuffers % kGroups == 0, "pairs of steps");
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* const q_buffers = align_shared<1024>(shared_raw);  // [kQBuffers][64 rows][128 bytes]
+  unsigned char* const k_ring = q_buffers + kQBuffers * kQBytes;
+  unsigned char* const v_ring = k_ring + kRingBytes;
+  const unsigned full_barriers = shared_address(v_ring + kRingBytes);  // [kPairs], 8 bytes each
+
+  const int batch = blockIdx.z, kv_head = blockIdx.y;
+  const int q_begin = p.cu_seqlens_q[batch], len_q = p.cu_seqlens_q[batch + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[batch], len_k = p.cu_seqlens_k[batch + 1] - k_begin;
+  const int shift = len_k - len_q;  // row i sits at key position i + shift: bottom-right aligned
+  const int strip_steps = ((p.max_seqlen_q + kPositions - 1) / kPositions + gridDim.x - 1) / gridDim.x;
+  const int first_step = blockIdx.x * strip_steps;
+  const int steps = min(first_step + strip_steps, (len_q + kPositions - 1) / kPositions) - first_step;
+  if (steps <= 0) return;
+  // Block j of the strip holds keys first_key + 8 j ..: step i's band is blocks i .. i + 17, keys
+  // 136 before its first position's to 7 after (sequence-relative; before 0 they are the previous
+  // sequence's or zeros, masked either way).
+  const int first_key = first_step * kPositions + shift - 8 * (kBandBlocks - 1);
+
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < kPairs; ++b) mbarrier_init(full_barriers + 8 * b, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  // The copies of steps 2 pair and 2 pair + 1: their Q rows and the blocks no earlier step read
+  // (pair 0: step 0's whole band). A block past the first lap whose slot repeats is copied twice.
+  auto issue = [&](int pair) {
+    const int i = 2 * pair;
+    if (i >= steps) return;
+    const unsigned barrier = full_barriers + 8 * (pair % kPairs);
+    const int first_block = i == 0 ? 0 : i + kBandBlocks - 1, last_block = min(i + 1, steps - 1) + kBandBlocks - 1;
+    const int q_boxes = min(2, steps - i);
+    unsigned bytes = q_boxes * kQBytes;
+    for (int j = first_block; j <= last_block; ++j) bytes += (j >= kRingBlocks && j % kRingBlocks < kBandBlocks - 1 ? 4 : 2) * kBlockBytes;
+    mbarrier_arrive_expect_tx(barrier, bytes);
+    for (int b = 0; b < q_boxes; ++b) {
+      tma_load_3d(shared_address(q_buffers + ((i + b) % kQBuffers) * kQBytes), &p.tensor_maps[kPrefillMapQ], barrier, 0, kv_head * kHeads,
+                  q_begin + (first_step + i + b) * kPositions);
+    }
+    for (int j = first_block; j <= last_block; ++j) {
+      const int row = k_begin + first_key + 8 * j, slot = j % kRingBlocks;
+      const bool twice = j >= kRingBlocks && slot < kBandBlocks - 1;
+      for (int copy = 0; copy < (twice ? 2 : 1); ++copy) {
+        const unsigned at = (slot + copy * kRingBlocks) * kBlockBytes;
+        tma_load_3d(shared_address(k_ring) + at, &p.tensor_maps[kPrefillMapK], barrier, 0, kv_head, row);
+        tma_load_3d(shared_address(v_ring) + at, &p.tensor_maps[kPrefillMapV], barrier, 0, kv_head, row);
+      }
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int pair = 0; pair < kPairs; ++pair) issue(pair);
+  }
+
+  // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
+  const int warp_in_cta = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
+  const int group = warp_in_cta / 4, warp = warp_in_cta % 4, c = lane & 3;
+  const int head = kv_head * kHeads + (lane >> 2);  // this thread's rows: that head at positions 2 warp + half
+  const float scale = p.softmax_scale * 1.4426950408889634f;
+  const int window = p.window_left;
+  const bool has_sink = p.sinks != nullptr;
+  const float sink = has_sink ? p.sinks[head] : 0.0f;
+  // Out is staged in the warp's own 16 rows of the step's Q buffer (its Q K^T is done by then):
+  // stmatrix from lane l's row (l % 8 + 8 (l / 8 % 2)) at chunk n + l / 16 for n = 0, 2, 4, 6; then
+  // lane l stores chunk l % 8 of rows l / 8 + 4 j (head l / 8 + 4 (j % 2), position 2 warp + j / 2)
+  // as whole 128-byte rows.
+  unsigned stage_at[kDTiles / 2], load_at[4];
+#pragma unroll
+  for (int k = 0; k < kDTiles / 2; ++k)
+    stage_at[k] = warp * 16 * 128 + swizzle128_offset((lane & 7) + 8 * ((lane >> 3) & 1), 2 * k + (lane >> 4));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) load_at[j] = warp * 16 * 128 + swizzle128_offset((lane >> 3) + 4 * j, lane & 7);
+  T* const out_lane = static_cast<T*>(p.out) + static_cast<long long>(q_begin + 2 * warp) * p.out_row_stride +
+                      (kv_head * kHeads + (lane >> 3)) * p.out_head_stride + (lane & 7) * 8;
+
+  for (int pair = 0; 2 * pair < steps; ++pair) {
+    mbarrier_wait(full_barriers + 8 * (pair % kPairs), (pair / kPairs) & 1);
+    const int i = 2 * pair + group;
+    if (i < steps) {
+      const unsigned q_tile = shared_address(q_buffers + (i % kQBuffers) * kQBytes);
+      const unsigned band = (i % kRingBlocks) * kBlockBytes;
+
+      float s[kKeyTiles][4];
+      wgmma_define_operands(s);  // the first MMA overwrites S
+      wgmma_fence();
+      wgmma_ss_k_major<T, 8 * kKeyTiles, 64>(s, q_tile, kQBytes, shared_address(k_ring) + band, kRingBytes);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+
+      // Row (position q, key k of the band) sees k when 0 <= q + 136 - k <= min(window, the row's key
+      // position), q the row's position in the step. With the whole window behind every row of the
+      // step (all but a sequence's first steps) that cuts only tiles 0-2 on the left (window >= 120)
+      // and tile 17 on the right; the first steps and shorter windows test every score.
+      const int i0 = (first_step + i) * kPositions;
+      if (window >= 120 && i0 + shift >= window) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int q = 2 * warp + half, lo = q + 8 * (kBandBlocks - 1) - window - 2 * c;  // first key seen, less 2c
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            s[0][2 * half + e] = neg_inf();
+            s[1][2 * half + e] = 8 + e < lo ? neg_inf() : s[1][2 * half + e];
+            s[2][2 * half + e] = 16 + e < lo ? neg_inf() : s[2][2 * half + e];
+            s[kKeyTiles - 1][2 * half + e] = e > q - 2 * c ? neg_inf() : s[kKeyTiles - 1][2 * half + e];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int q = 2 * warp + half;
+          const unsigned seen = static_cast<unsigned>(max(min(window, i0 + q + shift) + 1, 0));  // distances 0 .. seen - 1
+          const int near = q + 8 * (kBandBlocks - 1) - 2 * c;
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const bool hidden = static_cast<unsigned>(near - 8 * n - e) >= seen;
+              s[n][2 * half + e] = hidden ? neg_inf() : s[n][2 * half + e];
+            }
+          }
+        }
+      }
+      float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f}, factor[2];
+      online_softmax_probabilities<true>(s, m_row, l_row, scale, factor);
+
+      // O = P V over the band, 16 keys at a time; V N-major, 16 keys 2048 bytes on.
+      unsigned pa[kKeyTiles / 2][4];
+      pack_p_fragments<T>(s, pa);
+      float o[kDTiles][4];
+      wgmma_define_operands(o);
+      wgmma_fence();
+      const unsigned long long v = wgmma_descriptor(shared_address(v_ring) + band, kRingBytes, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kKeyTiles / 2; ++kk) wgmma_rs_n_major<T, 64>(o, pa[kk], wgmma_descriptor_advance(v, kk * 16 * 128), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+
+      // Out, normalized, through the step's Q buffer; rows past the sequence are not stored.
+      float inv[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float m_nat, l, scale_o;
+        finish_row_with_sink(
+            m_row, l_row, half, has_sink, [&] { return sink; }, m_nat, l, scale_o);
+        inv[half] = row_inverse(l, scale_o);
+        const int row = i0 + 2 * warp + half;
+        if (p.lse != nullptr && c == 0 && row < len_q) p.lse[(q_begin + row) * p.lse_row_stride + head] = row_lse(m_nat, l);
+      }
+#pragma unroll
+      for (int k = 0; k < kDTiles / 2; ++k) {
+        const unsigned r[4] = {pack2<T>(o[2 * k][0] * inv[0], o[2 * k][1] * inv[0]), pack2<T>(o[2 * k][2] * inv[1], o[2 * k][3] * inv[1]),
+                               pack2<T>(o[2 * k + 1][0] * inv[0], o[2 * k + 1][1] * inv[0]),
+                               pack2<T>(o[2 * k + 1][2] * inv[1], o[2 * k + 1][3] * inv[1])};
+        stmatrix_x4(q_tile + stage_at[k], r);
+      }
+      __syncwarp();
+      T* const out_step = out_lane + static_cast<long long>(i0) * p.out_row_stride;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (i0 + 2 * warp + j / 2 < len_q) {
+          store16(out_step + (j / 2) * p.out_row_stride + (j % 2) * 4 * p.out_head_stride, load16_shared(q_tile + load_at[j]));
+        }
+      }
+      fence_async_shared();  // the buffer was read and written through the generic proxy; TMA refills it next
+    }
+    __syncthreads();  // both steps of the pair are done: their Q buffers and first blocks take the pair after next
+    if (threadIdx.x == 0) issue(pair + kPairs);
+  }
+}
+
+}  // namespace kiln
