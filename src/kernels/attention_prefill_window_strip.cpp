@@ -17,8 +17,8 @@ namespace kiln {
 namespace {
 
 // Strips per sequence and KV head: as many CTAs as two an SM hold (their shared memory and
-// registers allow two) and no more, each at least 8 steps long so that a strip's first band, copied whole, stays a
-// small part of it.
+// registers allow two) and no more, each at least 8 steps long so that a strip's first band,
+// copied whole, stays a small part of it.
 uint32_t strips_of(const KilnPrefillParams& p, const Platform& platform) {
   const int64_t steps = (p.max_seqlen_q + kWindowStripPositions - 1) / kWindowStripPositions;
   const int64_t units = std::max<int64_t>(1, int64_t{p.batch} * p.num_heads_kv);
