@@ -9,6 +9,8 @@ PyTorch: what a user writes without kiln. A static cache per request slot ([slot
          exactly through its log-sum-exp; decode as batched matmuls with the sinks in the softmax
          denominator (one token per request: memory-bound, and capturable in a CUDA graph); the
          experts through torch._grouped_mm on weights dequantized to bf16 once.
+reference: attention and experts in float64 on the same inputs (the MXFP4 weights expanded exactly,
+         only the result rounded to bf16): what the parity test measures both back ends against.
 """
 import random
 
@@ -179,9 +181,71 @@ class TorchBackend:
         return combined.view(-1, c.top_k, c.hidden).sum(1).to(x.dtype)
 
 
+class ReferenceBackend:
+    """Attention and experts in float64 on the bf16 inputs the model gives them; the rest of the
+    model (projections, norms, rotary) is the shared bf16 code. Reads lengths on the host, so its
+    decode steps run eagerly (graphs=False)."""
+    name = "reference"
+
+    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0):
+        self.config, device = config, weights.embed.device
+        shape = (slots, config.kv_heads, max_len, config.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=torch.float64, device=device) for _ in range(config.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=torch.float64, device=device) for _ in range(config.layers)]
+        # float32 holds every MXFP4 value exactly; widened to float64 an expert at a time.
+        self.w13 = [mxfp4.dequantize(w.w13, w.w13_scale, torch.float32) for w in weights.layers]
+        self.w2 = [mxfp4.dequantize(w.w2, w.w2_scale, torch.float32) for w in weights.layers]
+        self.weights = weights
+
+    def begin(self, step):
+        pass
+
+    def attention(self, layer, q, k, v, step):
+        c, w = self.config, self.weights.layers[layer]
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        group, out = c.heads // c.kv_heads, torch.empty_like(q)
+        cu, ends = step.cu_seqlens_q.tolist(), step.seq_lens.tolist()
+        for r, slot in enumerate(step.slots.tolist()):
+            n, end = cu[r + 1] - cu[r], ends[r]
+            start = end - n
+            kc[slot, :, start:end] = k[cu[r]:cu[r + 1]].transpose(0, 1).double()
+            vc[slot, :, start:end] = v[cu[r]:cu[r + 1]].transpose(0, 1).double()
+            queries = q[cu[r]:cu[r + 1]].double().view(n, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
+            scores = queries @ kc[slot, :, None, :end].transpose(-1, -2) * c.head_dim ** -0.5  # [Hkv, group, n, end]
+            q_pos = torch.arange(start, end, device=q.device)[:, None]
+            k_pos = torch.arange(end, device=q.device)[None, :]
+            visible = k_pos <= q_pos
+            if c.sliding(layer):
+                visible &= k_pos > q_pos - c.sliding_window
+            scores = scores.masked_fill(~visible, float("-inf"))
+            sinks = w.sinks.double().view(c.kv_heads, group, 1, 1).expand(-1, -1, n, 1)
+            probs = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
+            o = probs @ vc[slot, :, None, :end]  # [Hkv, group, n, D]
+            out[cu[r]:cu[r + 1]] = o.permute(2, 0, 1, 3).reshape(n, c.heads, c.head_dim).to(q.dtype)
+        return out
+
+    def experts(self, layer, x, router_logits):
+        c, w = self.config, self.weights.layers[layer]
+        top = torch.topk(router_logits.float(), c.top_k, dim=-1)  # the same bf16 logits the others route on
+        weights = torch.softmax(top.values.double(), dim=-1)
+        rows, out = x.double(), torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        for e in top.indices.unique().tolist():
+            tokens, slots = (top.indices == e).nonzero(as_tuple=True)
+            gate_up = rows[tokens] @ self.w13[layer][e].double().T + w.w13_bias[e].double()
+            gate = gate_up[:, 0::2].clamp(max=c.swiglu_limit)
+            up = gate_up[:, 1::2].clamp(-c.swiglu_limit, c.swiglu_limit)
+            h = gate * torch.sigmoid(c.swiglu_alpha * gate) * (up + 1)
+            y = h @ self.w2[layer][e].double().T + w.w2_bias[e].double()
+            out.index_add_(0, tokens, y * weights[tokens, slots, None])
+        return out.to(x.dtype)
+
+
 def make_backend(name, config, weights, slots, max_len, page_size, seed=0, **options):
+    if name == "reference":
+        return ReferenceBackend(config, weights, slots, max_len, page_size, seed, **options)
     if name == "kiln":
         return KilnBackend(config, weights, slots, max_len, page_size, seed, **options)
     if name == "torch":
         return TorchBackend(config, weights, slots, max_len, page_size, seed, **options)
-    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
+    known = ", ".join(BACKENDS + ("reference",))
+    raise ValueError(f"backend: expected one of {known}, got {name!r}")

@@ -6,7 +6,9 @@ import torch
 
 import mxfp4
 import serve
+from backends import ReferenceBackend
 from config import CONFIGS, GptOssConfig, config_named, yarn_inv_freq
+from model import Step
 from weights import random_weights
 
 TINY = GptOssConfig("tiny", layers=3, experts=4, hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16, vocab=50)
@@ -110,3 +112,40 @@ def test_yarn_matches_transformers_when_installed():
     theirs, their_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
     ours, our_scale = yarn_inv_freq(config_named("gpt-oss-20b"))
     assert torch.allclose(theirs.float().cpu(), ours, rtol=1e-6) and abs(their_scale - our_scale) < 1e-6
+
+
+def test_reference_attention_is_softmax_with_the_window_and_the_sink():
+    # The parity test's float64 reference: each row's softmax over its causal keys (on sliding
+    # layers the last `sliding_window` of them) with exp(sink) added to the denominator.
+    config = dataclasses.replace(TINY, layers=2, sliding_window=5)
+    weights = random_weights(config, 0, device="cpu")
+    g = torch.Generator().manual_seed(3)
+    lengths = [7, 3]
+    q = torch.randn(sum(lengths), config.heads, config.head_dim, generator=g).bfloat16()
+    k = torch.randn(sum(lengths), config.kv_heads, config.head_dim, generator=g).bfloat16()
+    v = torch.randn(sum(lengths), config.kv_heads, config.head_dim, generator=g).bfloat16()
+    cu = torch.tensor([0, 7, 10], dtype=torch.int32)
+    step = Step(tokens=None, positions=None, token_slots=None, slots=torch.tensor([0, 1]), cu_seqlens_q=cu,
+                seq_lens=torch.tensor(lengths, dtype=torch.int32), max_q=7, decode=False)
+    group = config.heads // config.kv_heads
+
+    def expected(rows, n, sink, window):
+        qs = q[rows].double().transpose(0, 1)
+        ks, vs = (t[rows].double().transpose(0, 1).repeat_interleave(group, 0) for t in (k, v))
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        scores = (qs @ ks.transpose(-1, -2) * config.head_dim ** -0.5).masked_fill((j > i) | (j <= i - window), float("-inf"))
+        sinks = torch.full((config.heads, n, 1), sink, dtype=torch.float64)
+        return torch.softmax(torch.cat((scores, sinks), -1), -1)[..., :-1] @ vs
+
+    for sink in (float("-inf"), 0.5):
+        for w in weights.layers:
+            w.sinks.fill_(sink)
+        backend = ReferenceBackend(config, weights, slots=2, max_len=16)
+        for layer in range(config.layers):
+            out = backend.attention(layer, q, k, v, step)
+            window = config.sliding_window if config.sliding(layer) else 1 << 20
+            for r, n in enumerate(lengths):
+                rows = slice(int(cu[r]), int(cu[r + 1]))
+                assert torch.allclose(out[rows].double().transpose(0, 1), expected(rows, n, sink, window), atol=1e-2), (sink, layer, r)
+        # The window matters here: from row 5 on it hides key 0.
+        assert not torch.allclose(expected(slice(0, 7), 7, sink, 5), expected(slice(0, 7), 7, sink, 1 << 20), atol=1e-2)

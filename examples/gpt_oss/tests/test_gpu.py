@@ -1,27 +1,41 @@
-"""Parity of the two back ends on a 2-layer full-width GPT-OSS-20B (needs a GPU and kiln).
+"""Parity of the kiln back end on a 2-layer full-width GPT-OSS-20B (needs a GPU and kiln), measured
+against a float64 reference beside PyTorch's back end.
 
-Stated tolerance. The back ends round differently in bf16 (attention's probabilities, the expert
-GEMMs' outputs): per position the logits differ by about 1% of their standard deviation. With
-random weights two things make top-1 tokens differ beyond that: near-ties among 201088 roughly
-Gaussian logits, and router near-ties, where a rounding difference picks another expert for one
-token. Neither is a defect (kiln against itself, chunked against unchunked prefill, agrees on
-98.5% of positions on 2026-11-27), so top-1 agreement is required on the positions that are not
-ties (top-2 gap above TIE standard deviations), and overall agreement has a floor. The PyTorch
-side computes the experts' activation in f32 here: its default, bf16 as Transformers computes it,
-adds a rounding of its own (decisive agreement 98.4% with it, 99.2% without, on 2026-11-27).
+Both back ends round in bf16 (attention's probabilities, the expert GEMMs' outputs), each its own
+way, so their logits and top-1 tokens differ from each other by about twice what either differs
+from exact arithmetic. The test therefore runs a third back end, backends.ReferenceBackend
+(attention and experts in float64 on the same bf16 inputs), and holds kiln to it: its per-position
+logit error must be small in absolute terms and no larger than PyTorch's, and its top-1 tokens must
+agree with the reference's about as often as PyTorch's do on the positions that are not near-ties
+(top-2 gap above TIE standard deviations; with random weights the rest are coin flips, as are router
+near-ties, where a rounding difference picks another expert for one token).
+
+Measured on an H200 (2026-11-30): median error 0.63% of the logits' standard deviation for kiln,
+0.80% for PyTorch (experts' activation in f32), 0.83% with PyTorch's default bf16 activation;
+top-1 agreement on decisive positions 98.8% for kiln and for PyTorch (3 of 244 positions each),
+97.1% with the bf16 activation. Compared with each other directly, kiln and PyTorch agreed on
+97.9% of the decisive positions.
 """
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+TIE = 0.05  # top-2 gap, in the reference logits' standard deviations, below which top-1 is a coin flip
 MEDIAN_RMS = 0.02  # per position, of the logits' standard deviation
-TIE = 0.05
-DECISIVE_AGREEMENT = 0.99
-AGREEMENT_FLOOR = 0.95
+RMS_OVER_PYTORCH = 1.25  # kiln's median error at most this times PyTorch's
+DECISIVE_AGREEMENT = 0.97
+AGREEMENT_BELOW_PYTORCH = 0.02  # kiln's decisive agreement at most this under PyTorch's
 
 
-def test_kiln_and_pytorch_agree_under_teacher_forcing():
+def figures_against(reference, logits, scale, decisive):
+    same = logits.argmax(-1) == reference.argmax(-1)
+    per_position = (logits - reference).pow(2).mean(-1).sqrt() / scale
+    return dict(agreement=same.float().mean().item(), decisive_agreement=same[decisive].float().mean().item(),
+                wrong=int((decisive & ~same).sum()), median_rms=per_position.median().item(), max_rms=per_position.max().item())
+
+
+def test_kiln_is_as_close_to_float64_as_pytorch_under_teacher_forcing():
     pytest.importorskip("kiln")
     import serve
     from config import config_named
@@ -30,24 +44,25 @@ def test_kiln_and_pytorch_agree_under_teacher_forcing():
     lengths = [300, 77, 129, 1024]  # past the 128-token window; kiln's in chunks of 256 tokens a forward
     prompts = [torch.randint(0, config.vocab, (n,), generator=g) for n in lengths]
     forced = torch.randint(0, config.vocab, (64, len(lengths)), generator=g).cuda()
-    kiln_logits = serve.teacher_forced_logits("kiln", config, 5, prompts, forced, max_batched_tokens=256).float()
-    torch.cuda.empty_cache()
-    torch_logits = serve.teacher_forced_logits("torch", config, 5, prompts, forced, activation_dtype=torch.float32).float()
-    assert torch.isfinite(kiln_logits).all() and torch.isfinite(torch_logits).all()
-    scale = torch_logits.std()
-    same = kiln_logits.argmax(-1) == torch_logits.argmax(-1)
-    top2 = torch_logits.topk(2, dim=-1).values
+
+    def logits(backend, **options):
+        out = serve.teacher_forced_logits(backend, config, 5, prompts, forced, **options).float()
+        torch.cuda.empty_cache()
+        assert torch.isfinite(out).all(), backend
+        return out
+
+    reference = logits("reference", graphs=False)
+    kiln_logits = logits("kiln", max_batched_tokens=256)
+    torch_logits = logits("torch", activation_dtype=torch.float32)
+    scale = reference.std()
+    top2 = reference.topk(2, dim=-1).values
     decisive = (top2[..., 0] - top2[..., 1]) / scale > TIE
-    per_position = (kiln_logits - torch_logits).pow(2).mean(-1).sqrt() / scale
-    figures = dict(agreement=same.float().mean().item(), decisive_positions=decisive.float().mean().item(),
-                   decisive_agreement=same[decisive].float().mean().item(), median_rms=per_position.median().item(),
-                   max_rms=per_position.max().item())
-    print("kiln against PyTorch, 4 requests x 65 positions:", {k: round(v, 4) for k, v in figures.items()})
-    # Where decisive positions disagree: PyTorch's top-2 gap and the position's RMS, both in logit
-    # standard deviations (a router near-tie shows as a large RMS at a single position).
-    wrong = decisive & ~same
-    gaps = (top2[..., 0] - top2[..., 1]) / scale
-    print("decisive disagreements (top-2 gap, rms):", [(round(g, 3), round(r, 3)) for g, r in zip(gaps[wrong].tolist(), per_position[wrong].tolist())])
-    assert figures["median_rms"] <= MEDIAN_RMS
-    assert figures["decisive_agreement"] >= DECISIVE_AGREEMENT
-    assert figures["agreement"] >= AGREEMENT_FLOOR
+    kiln_figures = figures_against(reference, kiln_logits, scale, decisive)
+    torch_figures = figures_against(reference, torch_logits, scale, decisive)
+    print(f"against float64, 4 requests x 65 positions, {int(decisive.sum())} decisive:")
+    for name, f in (("kiln", kiln_figures), ("PyTorch", torch_figures)):
+        print(f"  {name}:", {k: round(v, 4) for k, v in f.items()})
+    assert kiln_figures["median_rms"] <= MEDIAN_RMS
+    assert kiln_figures["median_rms"] <= RMS_OVER_PYTORCH * torch_figures["median_rms"]
+    assert kiln_figures["decisive_agreement"] >= DECISIVE_AGREEMENT
+    assert kiln_figures["decisive_agreement"] >= torch_figures["decisive_agreement"] - AGREEMENT_BELOW_PYTORCH
