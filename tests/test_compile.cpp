@@ -48,6 +48,8 @@ std::vector<Signature> representative_signatures() {
   out.push_back(test::prefill_signature("bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
   out.push_back(test::prefill_signature("bf16", 64, 8).set_flag("window", true).set_flag("sinks", true).set_flag("short_window", true));
   out.push_back(test::extend_signature("bf16", "bf16", 64, 8).set_flag("window", true).set_flag("sinks", true));
+  out.push_back(
+      test::extend_signature("bf16", "bf16", 64, 8).set_flag("window", true).set_flag("sinks", true).set_flag("short_window", true));
   out.push_back(test::extend_signature("bf16", "e4m3", 64, 8).set_flag("window", true).set_flag("sinks", true));
   // Speculative decode: 4 tokens per sequence; pages of one token (SGLang) on both cache kinds.
   out.push_back(test::decode_signature("bf16", "bf16", 64, 8, 16, 4));

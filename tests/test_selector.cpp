@@ -577,6 +577,31 @@ TEST(Selector, ShortWindowsAtGroup8TakeTheWindowStripKernel) {
   EXPECT_TRUE(strip->accepts(other).has_value());
 }
 
+// The same over paged caches (extend's short_window holds only where TMA copies their pages
+// whole): pages of 8 rows or more, a cache of the queries' type; it instantiates the paged form.
+TEST(Selector, ShortExtendWindowsAtGroup8TakeThePagedWindowStripKernel) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  Signature sig = test::extend_signature("bf16", "bf16", 64, 8, 16);
+  sig.set_flag("window", true).set_flag("sinks", true).set_flag("short_window", true);
+  EXPECT_EQ(Registry::global().select(sig, sm90a)->name, "attention.extend.window_strip");
+  const auto strip = Registry::global().find("attention.extend.window_strip");
+  ASSERT_TRUE(strip);
+  EXPECT_EQ(strip->specialize(sig, sm90a).name_expression, "kiln::prefill_window_strip<kiln::bf16, true>");
+  EXPECT_EQ(Registry::global().find("attention.prefill.window_strip")->specialize(sig, sm90a).name_expression,
+            "kiln::prefill_window_strip<kiln::bf16>");
+  Signature other = sig;
+  other.set("page_size", int64_t{4});
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  other = sig;
+  other.set("kv_dtype", "e4m3");
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.mma_window_fp8");
+  other = test::extend_signature("bf16", "bf16", 64, 8, 16);
+  other.set_flag("window", true).set_flag("sinks", true);  // a longer window, or pages TMA cannot copy whole
+  EXPECT_TRUE(strip->accepts(other).has_value());
+  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.wgmma_window");
+}
+
 // The warp-specialized kernel's key blocks: 176 keys at head_dim 128 for contiguous keys (prefill),
 // 128 at head_dim 64 and for paged keys (extend); shared memory and the k and v boxes follow.
 TEST(Selector, PrefillWarpSpecializedKeyBlocks) {

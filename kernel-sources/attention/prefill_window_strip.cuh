@@ -23,11 +23,17 @@
 // third of the cycles; copying three steps ahead instead of two, and the next step's Q K^T under
 // the out, left it level. Two warpgroups of 128 registers fit the same two CTAs an SM.
 //
+// kPaged (mha_extend_with_kvcache over caches whose pages TMA copies whole, pages of 8 rows or
+// more): the steps move back by up to 7 rows so that every step's keys, and so every 8-key block,
+// start on a multiple of 8 and lie in one page; a block's row comes from the page table one pair
+// of steps ahead of its copy. Blocks wholly before the sequence or past its keys are copied from
+// outside the tensor (TMA fills zeros); the last step zeroes the V rows past the sequence's keys,
+// which its rows do not see but whose garbage P V would multiply by 0.
+//
 // Launch: grid (strips, Hkv, batch): strip x of a sequence takes steps [x L, x L + L), L =
-// ceil(ceil(max_seqlen_q / 8) / strips); block kWindowStripThreads; dynamic shared memory
-// kWindowStripSharedBytes. Tensor maps (KilnPrefillParams::tensor_maps): q boxes of 64 x 8 heads
-// x 8 rows, k and v boxes of 64 x 1 x 8 rows. Contiguous K and V only (mha_prefill), causal, no
-// soft cap.
+// ceil(ceil((max_seqlen_q + (kPaged ? 7 : 0)) / 8) / strips); block kWindowStripThreads; dynamic
+// shared memory kWindowStripSharedBytes. Tensor maps (KilnPrefillParams::tensor_maps): q boxes of
+// 64 x 8 heads x 8 rows, k and v boxes of 64 x 1 x 8 rows. Causal, no soft cap.
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -37,11 +43,12 @@
 #include "common/shared_address.cuh"
 #include "common/tma_sm90.cuh"
 #include "common/vector_memory.cuh"
+#include "common/warp_specialization_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 
 namespace kiln {
 
-template <typename T>
+template <typename T, bool kPaged = false>
 __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(const __grid_constant__ KilnPrefillParams p) {
   constexpr int kPositions = kWindowStripPositions, kBandBlocks = kWindowStripBandBlocks, kRingBlocks = kWindowStripRingBlocks;
   constexpr int kGroups = kWindowStripWarpgroups, kQBuffers = kWindowStripQBuffers, kPairs = kQBuffers / kGroups;
@@ -57,16 +64,37 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
 
   const int batch = blockIdx.z, kv_head = blockIdx.y;
   const int q_begin = p.cu_seqlens_q[batch], len_q = p.cu_seqlens_q[batch + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[batch], len_k = p.cu_seqlens_k[batch + 1] - k_begin;
+  const int k_begin = kPaged ? 0 : p.cu_seqlens_k[batch];
+  const int len_k = kPaged ? p.cache_seqlens[batch] : p.cu_seqlens_k[batch + 1] - k_begin;
   const int shift = len_k - len_q;  // row i sits at key position i + shift: bottom-right aligned
-  const int strip_steps = ((p.max_seqlen_q + kPositions - 1) / kPositions + gridDim.x - 1) / gridDim.x;
+  // Paged: step 0 starts at row -(shift mod 8), whose key position is a multiple of 8.
+  const int row0 = kPaged ? -(shift & (kPositions - 1)) : 0, max_rows = p.max_seqlen_q + (kPaged ? kPositions - 1 : 0);
+  const int strip_steps = ((max_rows + kPositions - 1) / kPositions + gridDim.x - 1) / gridDim.x;
   const int first_step = blockIdx.x * strip_steps;
-  const int steps = min(first_step + strip_steps, (len_q + kPositions - 1) / kPositions) - first_step;
+  const int steps = min(first_step + strip_steps, (len_q - row0 + kPositions - 1) / kPositions) - first_step;
   if (steps <= 0) return;
   // Block j of the strip holds keys first_key + 8 j ..: step i's band is blocks i .. i + 17, keys
   // 136 before its first position's to 7 after (sequence-relative; before 0 they are the previous
   // sequence's or zeros, masked either way).
-  const int first_key = first_step * kPositions + shift - 8 * (kBandBlocks - 1);
+  const int first_key = first_step * kPositions + row0 + shift - 8 * (kBandBlocks - 1);
+  // The row of block j's first key in the tensor the k and v maps describe (paged: the caches as
+  // num_pages x page_size rows; blocks outside the sequence's keys come from row -8, all zeros).
+  auto block_row = [&](int j) {
+    const int key = first_key + 8 * j;
+    if constexpr (kPaged) {
+      if (key < 0 || key >= len_k) return -8;
+      return p.page_table[batch * p.page_table_stride + (key >> p.page_shift)] * p.page_size + (key & (p.page_size - 1));
+    } else {
+      return k_begin + key;
+    }
+  };
+  // Paged: the rows of the (at most two) new blocks of the next pair to copy, read a pair early.
+  int next_rows[2] = {0, 0};
+  auto read_rows = [&](int pair) {
+    if constexpr (kPaged) {
+      for (int b = 0; b < 2; ++b) next_rows[b] = 2 * pair + b < steps ? block_row(2 * pair + b + kBandBlocks - 1) : 0;
+    }
+  };
 
   if (threadIdx.x == 0) {
     for (int b = 0; b < kPairs; ++b) mbarrier_init(full_barriers + 8 * b, 1);
@@ -86,10 +114,10 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
     mbarrier_arrive_expect_tx(barrier, bytes);
     for (int b = 0; b < q_boxes; ++b) {
       tma_load_3d(shared_address(q_buffers + ((i + b) % kQBuffers) * kQBytes), &p.tensor_maps[kPrefillMapQ], barrier, 0, kv_head * kHeads,
-                  q_begin + (first_step + i + b) * kPositions);
+                  q_begin + (first_step + i + b) * kPositions + row0);
     }
     for (int j = first_block; j <= last_block; ++j) {
-      const int row = k_begin + first_key + 8 * j, slot = j % kRingBlocks;
+      const int row = kPaged && i > 0 ? (j == first_block ? next_rows[0] : next_rows[1]) : block_row(j), slot = j % kRingBlocks;
       const bool twice = j >= kRingBlocks && slot < kBandBlocks - 1;
       for (int copy = 0; copy < (twice ? 2 : 1); ++copy) {
         const unsigned at = (slot + copy * kRingBlocks) * kBlockBytes;
@@ -99,7 +127,11 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
     }
   };
   if (threadIdx.x == 0) {
-    for (int pair = 0; pair < kPairs; ++pair) issue(pair);
+    for (int pair = 0; pair < kPairs; ++pair) {
+      if (pair > 0) read_rows(pair);  // pair 0 reads its blocks' rows as it copies
+      issue(pair);
+    }
+    read_rows(kPairs);
   }
 
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
@@ -129,6 +161,20 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
     if (i < steps) {
       const unsigned q_tile = shared_address(q_buffers + (i % kQBuffers) * kQBytes);
       const unsigned band = (i % kRingBlocks) * kBlockBytes;
+      const int i0 = (first_step + i) * kPositions + row0;  // the step's first row
+      if constexpr (kPaged) {
+        // The last step's last block runs past the sequence's keys: its rows there hold whatever
+        // the page held, finite or not. Zeroed (whole 128-byte rows), then handed to the async proxy.
+        const int valid = len_k - (i0 + shift);
+        if (valid < 8) {
+          const int t = threadIdx.x % 128, r = t / 8;
+          if (t < 64 && r >= valid) {
+            *reinterpret_cast<uint4*>(v_ring + band + (kBandBlocks - 1) * kBlockBytes + r * 128 + (t % 8) * 16) = make_uint4(0, 0, 0, 0);
+          }
+          fence_async_shared();
+          named_barrier_sync(1 + group, 128);
+        }
+      }
 
       float s[kKeyTiles][4];
       wgmma_define_operands(s);  // the first MMA overwrites S
@@ -142,7 +188,6 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       // position), q the row's position in the step. With the whole window behind every row of the
       // step (all but a sequence's first steps) that cuts only tiles 0-2 on the left (window >= 120)
       // and tile 17 on the right; the first steps and shorter windows test every score.
-      const int i0 = (first_step + i) * kPositions;
       if (window >= 120 && i0 + shift >= window) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -196,7 +241,8 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
             m_row, l_row, half, has_sink, [&] { return sink; }, m_nat, l, scale_o);
         inv[half] = row_inverse(l, scale_o);
         const int row = i0 + 2 * warp + half;
-        if (p.lse != nullptr && c == 0 && row < len_q) p.lse[(q_begin + row) * p.lse_row_stride + head] = row_lse(m_nat, l);
+        if (p.lse != nullptr && c == 0 && (!kPaged || row >= 0) && row < len_q)
+          p.lse[(q_begin + row) * p.lse_row_stride + head] = row_lse(m_nat, l);
       }
 #pragma unroll
       for (int k = 0; k < kDTiles / 2; ++k) {
@@ -209,14 +255,18 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       T* const out_step = out_lane + static_cast<long long>(i0) * p.out_row_stride;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (i0 + 2 * warp + j / 2 < len_q) {
+        const int row = i0 + 2 * warp + j / 2;
+        if ((!kPaged || row >= 0) && row < len_q) {
           store16(out_step + (j / 2) * p.out_row_stride + (j % 2) * 4 * p.out_head_stride, load16_shared(q_tile + load_at[j]));
         }
       }
       fence_async_shared();  // the buffer was read and written through the generic proxy; TMA refills it next
     }
     __syncthreads();  // both steps of the pair are done: their Q buffers and first blocks take the pair after next
-    if (threadIdx.x == 0) issue(pair + kPairs);
+    if (threadIdx.x == 0) {
+      issue(pair + kPairs);
+      read_rows(pair + kPairs + 1);
+    }
   }
 }
 

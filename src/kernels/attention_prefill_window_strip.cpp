@@ -1,8 +1,9 @@
-// attention.prefill.window_strip (kernel-sources/attention/prefill_window_strip.cuh, sm_90a):
-// GPT-OSS's sliding layers (head_dim 64, group 8, causal windows of at most 129 keys). A CTA walks
-// a strip of positions of one KV head, 8 positions x 8 heads a step (its two warpgroups in turn),
-// reading each K and V row once and each band in one pass; outranks the head-packing window kernel
-// where it applies.
+// attention.prefill.window_strip and attention.extend.window_strip
+// (kernel-sources/attention/prefill_window_strip.cuh, sm_90a): GPT-OSS's sliding layers (head_dim
+// 64, group 8, causal windows of at most 129 keys), over contiguous K and V and over paged caches
+// whose pages TMA copies whole. A CTA walks a strip of positions of one KV head, 8 positions x 8
+// heads a step (its two warpgroups in turn), reading each K and V row once and each band in one
+// pass; outranks the head-packing window kernels where it applies.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,21 +27,24 @@ uint32_t strips_of(const KilnPrefillParams& p, const Platform& platform) {
   return static_cast<uint32_t>(std::max<int64_t>(1, std::min(wanted, steps / 8)));
 }
 
-}  // namespace
-
-KILN_REGISTER_KERNEL(attention_prefill_window_strip) {
+// paged: mha_extend_with_kvcache's form (its short_window field holds only for caches whose pages
+// TMA copies whole, pages of 8 rows or more).
+KernelSpec window_strip_spec(const char* name, bool paged) {
   KernelSpec spec;
-  spec.name = "attention.prefill.window_strip";
+  spec.name = name;
   spec.family = kFamilyAttention;
-  spec.mode = kModePrefill;
+  spec.mode = paged ? kModeExtend : kModePrefill;
   spec.priority = Priority::kSpecialized;
   spec.specificity = 5;  // narrower than the head-packing window kernels (4)
   spec.requirements.vendor = Vendor::kNvidia;
   spec.requirements.min_arch = 90;
   spec.requirements.features = {"mma:wgmma", "memory:tma"};
   spec.source = "attention/prefill_window_strip.cuh";
-  spec.accepts = [](const Signature& sig) -> std::optional<std::string> {
+  spec.accepts = [paged](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
+    if (paged && sig.get("kv_dtype") != sig.get("dtype")) {
+      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype)", sig.get("kv_dtype"));
+    }
     if (sig.get_int("head_dim") != 64) return fmt::format("head_dim {} unsupported (supported: 64)", sig.get_int("head_dim"));
     if (sig.get_int("group") != kWindowStripHeads) {
       return fmt::format("group {} unsupported (supported: {})", sig.get_int("group"), int{kWindowStripHeads});
@@ -48,13 +52,15 @@ KILN_REGISTER_KERNEL(attention_prefill_window_strip) {
     if (!sig.get_flag("causal") || !sig.has("short_window") || !sig.get_flag("short_window")) {
       return fmt::format("only for causal windows of at most {} keys behind a row (causal=1, short_window=1)", int{kWindowStripMaxWindow});
     }
+    if (paged && sig.get_int("page_size") < 8)
+      return fmt::format("page_size {} unsupported (supported: 8 and up)", sig.get_int("page_size"));
     if (sig.get_flag("softcap")) return std::string("softcap unsupported");
     return std::nullopt;
   };
-  spec.specialize = [](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_window_strip<kiln::{}>", sig.get("dtype")), {}};
+  spec.specialize = [paged](const Signature& sig, const Platform&) {
+    return Specialization{fmt::format("kiln::prefill_window_strip<kiln::{}{}>", sig.get("dtype"), paged ? ", true" : ""), {}};
   };
-  spec.launch_shape = [](const void* params, const Platform& platform) {
+  spec.launch_shape = [name](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);
     LaunchShape shape;
     shape.grid[0] = strips_of(p, platform);
@@ -63,8 +69,8 @@ KILN_REGISTER_KERNEL(attention_prefill_window_strip) {
     shape.block[0] = kWindowStripThreads;
     shape.dynamic_shared_bytes = kWindowStripSharedBytes;
     if (shape.dynamic_shared_bytes > platform.shared_memory_per_block) {
-      throw Error(ErrorCode::kUnsupported, fmt::format("attention.prefill.window_strip needs {} bytes of shared memory; {} allows {}",
-                                                       shape.dynamic_shared_bytes, platform.arch, platform.shared_memory_per_block));
+      throw Error(ErrorCode::kUnsupported, fmt::format("{} needs {} bytes of shared memory; {} allows {}", name, shape.dynamic_shared_bytes,
+                                                       platform.arch, platform.shared_memory_per_block));
     }
     return shape;
   };
@@ -73,5 +79,10 @@ KILN_REGISTER_KERNEL(attention_prefill_window_strip) {
   };
   return spec;
 }
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(attention_prefill_window_strip) { return window_strip_spec("attention.prefill.window_strip", false); }
+KILN_REGISTER_KERNEL(attention_extend_window_strip) { return window_strip_spec("attention.extend.window_strip", true); }
 
 }  // namespace kiln

@@ -132,7 +132,7 @@ inline bool is_mxfp4(DType t) { return t == DType::kF4E2M1x2 || t == DType::kF4E
 // The operators' tables (signatures.cpp).
 const SignatureTable<MhaPrefillArgs, 9>& prefill_signature_table();
 const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table();
-const SignatureTable<MhaExtendArgs, 10>& extend_signature_table();
+const SignatureTable<MhaExtendArgs, 11>& extend_signature_table();
 const SignatureTable<KvAppendArgs, 2>& kv_append_signature_table();
 const SignatureTable<MoeArgs, 15>& moe_signature_table();
 

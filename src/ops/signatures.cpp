@@ -6,6 +6,7 @@
 #include "kiln/author.hpp"
 #include "kiln/error.hpp"
 #include "moe/stream_workspace.h"
+#include "ops/paged_attention.hpp"
 #include "ops/signature_table.hpp"
 
 namespace kiln {
@@ -79,7 +80,7 @@ const SignatureTable<MhaDecodeArgs, 10>& decode_signature_table() {
   return table;
 }
 
-const SignatureTable<MhaExtendArgs, 10>& extend_signature_table() {
+const SignatureTable<MhaExtendArgs, 11>& extend_signature_table() {
   static const auto table = signature_table<MhaExtendArgs>(
       {kFamilyAttention, kModeExtend},
       Extend{"dtype", kName, [](const MhaExtendArgs& a) { return static_cast<int64_t>(a.q.dtype); }, dtype_text},
@@ -91,7 +92,13 @@ const SignatureTable<MhaExtendArgs, 10>& extend_signature_table() {
       Extend{"window", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.window_left >= 0}; }},
       Extend{"sinks", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.sinks.defined()}; }},
       Extend{"softcap", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.softcap > 0}; }},
-      Extend{"lse", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.lse.defined()}; }});
+      Extend{"lse", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.lse.defined()}; }},
+      // As prefill's, over caches whose pages TMA copies whole (the window strip kernel's keys come
+      // by TMA, 8 rows a box); other calls keep their signatures.
+      Extend{"short_window", kFlag, [](const MhaExtendArgs&) { return int64_t{1}; }, nullptr,
+             [](const MhaExtendArgs& a) {
+               return a.window_left >= 0 && a.window_left <= kWindowStripMaxWindow && pages_copy_whole(a.k_cache, a.v_cache);
+             }});
   return table;
 }
 

@@ -817,9 +817,9 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
   auto get = [&](const char* k) { return f.at(k); };
   const std::string op = operator_name(sig.op());
   const int64_t group = f.count("group") ? sig.get_int("group") : 1;
+  // A window of 64 keys is a short one (short_window, attention/window_strip.h); 200 is not.
+  const int window = !f.count("window") || get("window") != "1" ? -1 : f.count("short_window") ? 64 : 200;
   if (op == "mha_prefill") {
-    // A window of 64 keys is a short one (short_window, attention/window_strip.h); 200 is not.
-    const int window = get("window") != "1" ? -1 : f.count("short_window") ? 64 : 200;
     return fmt::format("batch={},seqlen=256,heads_kv=2,heads_q={},head_dim={},dtype={},causal={},window={},sinks={},softcap={}",
                        batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("causal"), window, get("sinks"),
                        get("softcap") == "1" ? 30 : 0);
@@ -834,8 +834,8 @@ std::string shape_for(const Signature& sig, int64_t batch_or_tokens) {
     return fmt::format(
         "batch={},prefix=300,seqlen=200,heads_kv=2,heads_q={},head_dim={},dtype={},kv_dtype={},page_size={},causal={},window={},sinks={},"
         "softcap={}",
-        batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("causal"),
-        get("window") == "1" ? 100 : -1, get("sinks"), get("softcap") == "1" ? 30 : 0);
+        batch_or_tokens, 2 * group, get("head_dim"), get("dtype"), get("kv_dtype"), get("page_size"), get("causal"), window, get("sinks"),
+        get("softcap") == "1" ? 30 : 0);
   }
   if (op == "kv_cache_append") {
     return fmt::format("tokens={},heads_kv=2,head_dim=128,page_size=16,dtype={},kv_dtype={}", 16 * batch_or_tokens, get("dtype"),
