@@ -389,7 +389,7 @@ E4M3 = 4  # kiln_dtype KILN_F8_E4M3: moe_apply's activation_dtype for W4A8
 
 
 class MoeWeights:
-    """GPT-OSS-120B's experts (128, H = I = 2880) once per run: bf16 for kiln's bf16 rows and the
+    """GPT-OSS's experts (128 for 120B, 32 for 20B; H = I = 2880) once per run: bf16 for kiln's bf16 rows and the
     peers, random MXFP4 codes (scales 2^-9 .. 2^-4) standard and prepared, fp8 copies of the bf16
     weights for _scaled_grouped_mm, and bf16 biases."""
 
@@ -452,7 +452,8 @@ def moe_case(kiln, weights, T, l2, topk=4, quick=False, weights_format="bf16", b
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids, minlength=E)
         routed.append((x.repeat_interleave(topk, 0)[order], torch.cumsum(counts, 0).to(torch.int32), counts.gt(0).sum().item()))
-    row = {"op": "moe_apply", "shape": f"gpt-oss-120b {weights_format}{' bias' if bias else ''} T={T}"}
+    model = {128: "gpt-oss-120b", 32: "gpt-oss-20b"}.get(E, f"experts-{E}")
+    row = {"op": "moe_apply", "shape": f"{model} {weights_format}{' bias' if bias else ''} T={T}"}
     row["kiln"] = timed(lambda i: kiln.call("kiln_moe_apply", sets[i]), n, budget_ms=300 if quick else 1500, min_runs=3)
     w13t, w2t = weights.w13.transpose(1, 2), weights.w2.transpose(1, 2)
     try:
@@ -603,11 +604,15 @@ def main():
                          "mha_extend_with_kvcache=attention.extend.mma_window; repeatable")
     ap.add_argument("--decode-shapes", help="only the decode shapes whose name starts with one of these, comma-separated (e.g. B8,B1)")
     ap.add_argument("--moe-weights", help="only the MoE rows of these weight formats, in this order, comma-separated (bf16, mxfp4, mxfp4_prepared, w4a8)")
+    ap.add_argument("--moe-experts", type=int, default=128,
+                    help="experts of the MoE layer: 128 (GPT-OSS-120B, the default) or 32 (GPT-OSS-20B), top-4 either way")
     ap.add_argument("--moe-tokens", help="only the MoE rows of these token counts, comma-separated (e.g. 1,8)")
     ap.add_argument("--moe-bias", choices=["both", "on", "off"], default="both",
                     help="MoE rows with bf16 biases on both projections (as GPT-OSS ships them), without, or both (default)")
     ap.add_argument("--cuda-graphs", action="store_true", help="time every call as a replayed CUDA graph (GPU time only)")
     args = ap.parse_args()
+    if args.moe_experts < 4:
+        ap.error(f"--moe-experts: expected at least top_k = 4 experts, got {args.moe_experts}")
     if args.replot:
         os.makedirs(args.out, exist_ok=True)
         with open(args.replot) as f:
@@ -700,7 +705,7 @@ def main():
     # Every format at every batch size, with and without biases: prefill runs MXFP4 experts at
     # thousands of tokens too.
     moe_rows = [(T, w, b) for b in bias_modes for w in moe_formats for T in (1, 8, 64, 512, 4096, 8192)]
-    moe_weights = MoeWeights(kiln) if args.only in (None, "moe") else None
+    moe_weights = MoeWeights(kiln, E=args.moe_experts) if args.only in (None, "moe") else None
     for T, weights_format, bias in moe_rows if moe_weights else ():
         if moe_tokens and T not in moe_tokens:
             continue
