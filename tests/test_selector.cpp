@@ -577,8 +577,8 @@ TEST(Selector, ShortWindowsAtGroup8TakeTheWindowStripKernel) {
   EXPECT_TRUE(strip->accepts(other).has_value());
 }
 
-// The same over paged caches (extend's short_window holds only where TMA copies their pages
-// whole): pages of 8 rows or more, a cache of the queries' type; it instantiates the paged form.
+// The same over paged caches of the queries' type, pages of every size (TMA boxes from 8 rows,
+// else gathered); it instantiates the paged form.
 TEST(Selector, ShortExtendWindowsAtGroup8TakeThePagedWindowStripKernel) {
   const Platform sm90a = platform_for_target("sm_90a");
   Signature sig = test::extend_signature("bf16", "bf16", 64, 8, 16);
@@ -590,14 +590,14 @@ TEST(Selector, ShortExtendWindowsAtGroup8TakeThePagedWindowStripKernel) {
   EXPECT_EQ(Registry::global().find("attention.prefill.window_strip")->specialize(sig, sm90a).name_expression,
             "kiln::prefill_window_strip<kiln::bf16>");
   Signature other = sig;
-  other.set("page_size", int64_t{4});
-  EXPECT_TRUE(strip->accepts(other).has_value());
+  other.set("page_size", int64_t{1});
+  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.window_strip");
   other = sig;
   other.set("kv_dtype", "e4m3");
   EXPECT_TRUE(strip->accepts(other).has_value());
   EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.mma_window_fp8");
   other = test::extend_signature("bf16", "bf16", 64, 8, 16);
-  other.set_flag("window", true).set_flag("sinks", true);  // a longer window, or pages TMA cannot copy whole
+  other.set_flag("window", true).set_flag("sinks", true);  // a longer window
   EXPECT_TRUE(strip->accepts(other).has_value());
   EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.wgmma_window");
 }

@@ -23,12 +23,15 @@
 // third of the cycles; copying three steps ahead instead of two, and the next step's Q K^T under
 // the out, left it level. Two warpgroups of 128 registers fit the same two CTAs an SM.
 //
-// kPaged (mha_extend_with_kvcache over caches whose pages TMA copies whole, pages of 8 rows or
-// more): the steps move back by up to 7 rows so that every step's keys, and so every 8-key block,
-// start on a multiple of 8 and lie in one page; a block's row comes from the page table one pair
-// of steps ahead of its copy. Blocks wholly before the sequence or past its keys are copied from
-// outside the tensor (TMA fills zeros); the last step zeroes the V rows past the sequence's keys,
-// which its rows do not see but whose garbage P V would multiply by 0.
+// kPaged (mha_extend_with_kvcache): the steps move back by up to 7 rows so that every step's keys,
+// and so every 8-key block, start on a multiple of 8. Caches whose pages TMA copies whole (pages of
+// 8 rows or more packed one after the other, KilnPrefillParams::total_k > 0) come a block a box,
+// each block in one page, its row read from the page table a pair of steps ahead; blocks wholly
+// before the sequence or past its keys are copied from outside the tensor (TMA fills zeros), and
+// the last step zeroes the V rows past the sequence's keys, which its rows do not see but whose
+// garbage P V would multiply by 0. Other caches (pages under 8 rows, heads-first or gapped
+// layouts) are gathered: every thread copies 16-byte chunks of K and V rows by cp.async, keys
+// outside the sequence zero-filled, each a pair of steps after its page was read.
 //
 // Launch: grid (strips, Hkv, batch): strip x of a sequence takes steps [x L, x L + L), L =
 // ceil(ceil((max_seqlen_q + (kPaged ? 7 : 0)) / 8) / strips); block kWindowStripThreads; dynamic
@@ -39,6 +42,7 @@
 #include "attention/mma_softmax.cuh"
 #include "attention/params.h"
 #include "attention/window_strip.h"
+#include "common/cp_async.cuh"
 #include "common/prelude.cuh"
 #include "common/shared_address.cuh"
 #include "common/tma_sm90.cuh"
@@ -66,7 +70,8 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
   const int q_begin = p.cu_seqlens_q[batch], len_q = p.cu_seqlens_q[batch + 1] - q_begin;
   const int k_begin = kPaged ? 0 : p.cu_seqlens_k[batch];
   const int len_k = kPaged ? p.cache_seqlens[batch] : p.cu_seqlens_k[batch + 1] - k_begin;
-  const int shift = len_k - len_q;  // row i sits at key position i + shift: bottom-right aligned
+  const int shift = len_k - len_q;                   // row i sits at key position i + shift: bottom-right aligned
+  const bool page_boxes = !kPaged || p.total_k > 0;  // else every thread gathers key rows by cp.async
   // Paged: step 0 starts at row -(shift mod 8), whose key position is a multiple of 8.
   const int row0 = kPaged ? -(shift & (kPositions - 1)) : 0, max_rows = p.max_seqlen_q + (kPaged ? kPositions - 1 : 0);
   const int strip_steps = ((max_rows + kPositions - 1) / kPositions + gridDim.x - 1) / gridDim.x;
@@ -88,27 +93,66 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       return k_begin + key;
     }
   };
-  // Paged: the rows of the (at most two) new blocks of the next pair to copy, read a pair early.
+  // Gathering: the page of key row r of block j, -1 outside the sequence's keys (zero-filled).
+  auto gather_page = [&](int j, int r) {
+    const int key = first_key + 8 * j + r;
+    return key >= 0 && key < len_k ? p.page_table[batch * p.page_table_stride + (key >> p.page_shift)] : -1;
+  };
+  // Paged: what the next pair's copies need from the page table, read a pair early: with page
+  // boxes (thread 0) the rows of its (at most two) new blocks; gathering, the page of this thread's
+  // key row (thread t copies chunk t % 8 of row t % 64 / 8 of block t / 128, K or V by t / 64 % 2).
   int next_rows[2] = {0, 0};
   auto read_rows = [&](int pair) {
     if constexpr (kPaged) {
-      for (int b = 0; b < 2; ++b) next_rows[b] = 2 * pair + b < steps ? block_row(2 * pair + b + kBandBlocks - 1) : 0;
+      if (page_boxes) {
+        for (int b = 0; b < 2; ++b) next_rows[b] = 2 * pair + b < steps ? block_row(2 * pair + b + kBandBlocks - 1) : 0;
+      } else {
+        next_rows[0] = gather_page(2 * pair + kBandBlocks - 1 + static_cast<int>(threadIdx.x) / 128, threadIdx.x % 64 / 8);
+      }
     }
   };
 
   if (threadIdx.x == 0) {
-    for (int b = 0; b < kPairs; ++b) mbarrier_init(full_barriers + 8 * b, 1);
+    for (int b = 0; b < kPairs; ++b) mbarrier_init(full_barriers + 8 * b, page_boxes ? 1 : kWindowStripThreads + 1);
     mbarrier_init_fence();
   }
   __syncthreads();
   // The copies of steps 2 pair and 2 pair + 1: their Q rows and the blocks no earlier step read
   // (pair 0: step 0's whole band). A block past the first lap whose slot repeats is copied twice.
+  // Thread 0 makes them all by TMA, or with gathered keys the Q boxes while every thread copies its
+  // 16-byte chunks of K and V rows (pair 0: about ten a thread, later pairs one) and arrives on the
+  // pair's barrier as they land.
   auto issue = [&](int pair) {
     const int i = 2 * pair;
     if (i >= steps) return;
     const unsigned barrier = full_barriers + 8 * (pair % kPairs);
     const int first_block = i == 0 ? 0 : i + kBandBlocks - 1, last_block = min(i + 1, steps - 1) + kBandBlocks - 1;
     const int q_boxes = min(2, steps - i);
+    if constexpr (kPaged) {
+      if (!page_boxes) {
+        if (threadIdx.x == 0) {
+          mbarrier_arrive_expect_tx(barrier, q_boxes * kQBytes);
+          for (int b = 0; b < q_boxes; ++b) {
+            tma_load_3d(shared_address(q_buffers + ((i + b) % kQBuffers) * kQBytes), &p.tensor_maps[kPrefillMapQ], barrier, 0,
+                        kv_head * kHeads, q_begin + (first_step + i + b) * kPositions + row0);
+          }
+        }
+        for (int n = threadIdx.x; n < (last_block - first_block + 1) * 128; n += kWindowStripThreads) {
+          const int j = first_block + n / 128, r = n % 64 / 8, c = n % 8, slot = j % kRingBlocks;
+          const bool is_v = n / 64 % 2 != 0;
+          const int page = i > 0 ? next_rows[0] : gather_page(j, r);
+          const long long at_page = page >= 0 ? page * (is_v ? p.v_page_stride : p.k_page_stride) +
+                                                    ((first_key + 8 * j + r) & (p.page_size - 1)) * (is_v ? p.v_row_stride : p.k_row_stride)
+                                              : 0;
+          const T* from = static_cast<const T*>(is_v ? p.v : p.k) + at_page + kv_head * (is_v ? p.v_head_stride : p.k_head_stride) + c * 8;
+          const unsigned to = shared_address(is_v ? v_ring : k_ring) + slot * kBlockBytes + swizzle128_offset(r, c);
+          copy16_async_or_zero(to, from, page >= 0);
+          if (j >= kRingBlocks && slot < kBandBlocks - 1) copy16_async_or_zero(to + kRingBlocks * kBlockBytes, from, page >= 0);
+        }
+        copies_arrive_on(barrier);
+        return;
+      }
+    }
     unsigned bytes = q_boxes * kQBytes;
     for (int j = first_block; j <= last_block; ++j) bytes += (j >= kRingBlocks && j % kRingBlocks < kBandBlocks - 1 ? 4 : 2) * kBlockBytes;
     mbarrier_arrive_expect_tx(barrier, bytes);
@@ -126,7 +170,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       }
     }
   };
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 || !page_boxes) {
     for (int pair = 0; pair < kPairs; ++pair) {
       if (pair > 0) read_rows(pair);  // pair 0 reads its blocks' rows as it copies
       issue(pair);
@@ -157,6 +201,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
 
   for (int pair = 0; 2 * pair < steps; ++pair) {
     mbarrier_wait(full_barriers + 8 * (pair % kPairs), (pair / kPairs) & 1);
+    if (!page_boxes) fence_async_shared();  // rows cp.async wrote, before wgmma reads them
     const int i = 2 * pair + group;
     if (i < steps) {
       const unsigned q_tile = shared_address(q_buffers + (i % kQBuffers) * kQBytes);
@@ -166,7 +211,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
         // The last step's last block runs past the sequence's keys: its rows there hold whatever
         // the page held, finite or not. Zeroed (whole 128-byte rows), then handed to the async proxy.
         const int valid = len_k - (i0 + shift);
-        if (valid < 8) {
+        if (page_boxes && valid < 8) {  // gathered rows past the keys are zero-filled
           const int t = threadIdx.x % 128, r = t / 8;
           if (t < 64 && r >= valid) {
             *reinterpret_cast<uint4*>(v_ring + band + (kBandBlocks - 1) * kBlockBytes + r * 128 + (t % 8) * 16) = make_uint4(0, 0, 0, 0);
@@ -263,7 +308,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       fence_async_shared();  // the buffer was read and written through the generic proxy; TMA refills it next
     }
     __syncthreads();  // both steps of the pair are done: their Q buffers and first blocks take the pair after next
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 || !page_boxes) {
       issue(pair + kPairs);
       read_rows(pair + kPairs + 1);
     }

@@ -1,9 +1,10 @@
 // attention.prefill.window_strip and attention.extend.window_strip
 // (kernel-sources/attention/prefill_window_strip.cuh, sm_90a): GPT-OSS's sliding layers (head_dim
 // 64, group 8, causal windows of at most 129 keys), over contiguous K and V and over paged caches
-// whose pages TMA copies whole. A CTA walks a strip of positions of one KV head, 8 positions x 8
-// heads a step (its two warpgroups in turn), reading each K and V row once and each band in one
-// pass; outranks the head-packing window kernels where it applies.
+// of the queries' type (pages TMA copies whole by TMA, others gathered by cp.async). A CTA walks a
+// strip of positions of one KV head, 8 positions x 8 heads a step (its two warpgroups in turn),
+// reading each K and V row once and each band in one pass; outranks the head-packing window
+// kernels where it applies.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,8 +28,7 @@ uint32_t strips_of(const KilnPrefillParams& p, const Platform& platform) {
   return static_cast<uint32_t>(std::max<int64_t>(1, std::min(wanted, steps / 8)));
 }
 
-// paged: mha_extend_with_kvcache's form (its short_window field holds only for caches whose pages
-// TMA copies whole, pages of 8 rows or more).
+// paged: mha_extend_with_kvcache's form.
 KernelSpec window_strip_spec(const char* name, bool paged) {
   KernelSpec spec;
   spec.name = name;
@@ -52,8 +52,6 @@ KernelSpec window_strip_spec(const char* name, bool paged) {
     if (!sig.get_flag("causal") || !sig.has("short_window") || !sig.get_flag("short_window")) {
       return fmt::format("only for causal windows of at most {} keys behind a row (causal=1, short_window=1)", int{kWindowStripMaxWindow});
     }
-    if (paged && sig.get_int("page_size") < 8)
-      return fmt::format("page_size {} unsupported (supported: 8 and up)", sig.get_int("page_size"));
     if (sig.get_flag("softcap")) return std::string("softcap unsupported");
     return std::nullopt;
   };

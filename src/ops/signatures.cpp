@@ -6,7 +6,6 @@
 #include "kiln/author.hpp"
 #include "kiln/error.hpp"
 #include "moe/stream_workspace.h"
-#include "ops/paged_attention.hpp"
 #include "ops/signature_table.hpp"
 
 namespace kiln {
@@ -93,12 +92,9 @@ const SignatureTable<MhaExtendArgs, 11>& extend_signature_table() {
       Extend{"sinks", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.sinks.defined()}; }},
       Extend{"softcap", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.softcap > 0}; }},
       Extend{"lse", kFlag, [](const MhaExtendArgs& a) { return int64_t{a.lse.defined()}; }},
-      // As prefill's, over caches whose pages TMA copies whole (the window strip kernel's keys come
-      // by TMA, 8 rows a box); other calls keep their signatures.
+      // As prefill's: only calls whose window reaches at most kWindowStripMaxWindow keys back.
       Extend{"short_window", kFlag, [](const MhaExtendArgs&) { return int64_t{1}; }, nullptr,
-             [](const MhaExtendArgs& a) {
-               return a.window_left >= 0 && a.window_left <= kWindowStripMaxWindow && pages_copy_whole(a.k_cache, a.v_cache);
-             }});
+             [](const MhaExtendArgs& a) { return a.window_left >= 0 && a.window_left <= kWindowStripMaxWindow; }});
   return table;
 }
 

@@ -1282,26 +1282,32 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                        .page_gap = page == 8 ? 3 : 0});
     }
   }
-  // GPT-OSS's sliding layers over whole pages (the window strip kernel): prefixes of every residue
-  // mod 8 (its steps move back to start on multiples of 8 keys), the last step's keys ending inside
-  // a block whose other rows are poisoned, windows of 0 to 128, 2000 new tokens (strips over many
-  // ring laps), empty and one-token sequences, with and without sinks and appended rows.
+  // GPT-OSS's sliding layers (the window strip kernel), over pages TMA copies whole and over pages
+  // it gathers (under 8 rows, or with gaps between them): prefixes of every residue mod 8 (its
+  // steps move back to start on multiples of 8 keys), the last step's keys ending inside a block
+  // whose other rows are poisoned, windows of 0 to 128, 2000 new tokens (strips over many ring
+  // laps), empty and one-token sequences, with and without sinks and appended rows.
+  struct StripCase {
+    int page, window, gap;
+  };
   int w = 0;
-  for (const auto& [page, window] : std::vector<std::pair<int, int>>{{8, 128}, {16, 127}, {64, 0}, {256, 100}}) {
+  for (const StripCase& strip :
+       std::vector<StripCase>{{8, 128, 0}, {16, 127, 0}, {64, 0, 0}, {256, 100, 0}, {1, 128, 0}, {4, 127, 0}, {16, 128, 3}}) {
     ++w;
     cases.push_back({.dtype = w % 2 == 1 ? DType::kBF16 : DType::kF16,
                      .fp8 = false,
                      .d = 64,
                      .hq = 16,
                      .hkv = 2,
-                     .page_size = page,
+                     .page_size = strip.page,
                      .lens_q = {0, 1, 130, 77, 300, 2000},
                      .lens_k = {9, 1 + 5 + w, 130 + 23, 77 + 1000 + w, 300 + 4100, 2000 + 2 * w},
                      .causal = true,
-                     .window = window,
+                     .window = strip.window,
                      .sinks = w != 3,
                      .softcap = 0,
-                     .append = w % 2 == 0});
+                     .append = w % 2 == 0,
+                     .page_gap = strip.gap});
   }
   const OperatorId extend{kFamilyAttention, kModeExtend};
   for (const char* kernel :
@@ -1314,8 +1320,7 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
       sig.set("dtype", dtype_name(c.dtype)).set("kv_dtype", c.fp8 ? "e4m3" : dtype_name(c.dtype)).set("head_dim", int64_t{c.d});
       sig.set("group", int64_t{c.hq / c.hkv}).set("page_size", int64_t{c.page_size}).set_flag("causal", c.causal);
       sig.set_flag("window", c.window >= 0).set_flag("sinks", c.sinks).set_flag("softcap", c.softcap > 0).set_flag("lse", true);
-      // As signature_of sets it: a short window over pages TMA copies whole.
-      if (c.window >= 0 && c.window <= 128 && c.page_size >= 8 && c.page_gap == 0) sig.set_flag("short_window", true);
+      if (c.window >= 0 && c.window <= 128) sig.set_flag("short_window", true);  // as signature_of sets it
       if (Registry::global().find(kernel)->accepts(sig)) continue;
       SCOPED_TRACE(kernel);
       run_extend(rng, c);
