@@ -1,7 +1,6 @@
 #include "ops/paged_attention.hpp"
 
 #include <cmath>
-#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -10,15 +9,6 @@
 namespace kiln::detail {
 
 bool supported_page_size(int64_t page_size) { return page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0; }
-
-bool pages_copy_whole(const TensorView& k_cache, const TensorView& v_cache) {
-  auto whole_pages = [](const TensorView& cache) {
-    const int64_t bytes = static_cast<int64_t>(dtype_size(cache.dtype));
-    return cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * bytes % 16 == 0 && cache.stride(2) * bytes % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && cache.size(0) * cache.size(1) <= INT32_MAX;
-  };
-  return k_cache.size(1) >= 8 && whole_pages(k_cache) && whole_pages(v_cache);
-}
 
 void check_paged_attention(const PagedAttentionArgs& a) {
   const std::initializer_list<DType> half_types = {DType::kBF16, DType::kF16};

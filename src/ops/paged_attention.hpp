@@ -28,11 +28,6 @@ struct PagedAttentionArgs {
 // True for the page sizes the paged kernels take: powers of two from 1 to 256.
 bool supported_page_size(int64_t page_size);
 
-// True when TMA can copy both caches' pages as boxes of up to page_size rows: pages of at least 8
-// rows packed one after the other (the caches one tensor of num_pages x page_size rows, under
-// 2^31 of them), 16-byte strides and bases.
-bool pages_copy_whole(const TensorView& k_cache, const TensorView& v_cache);
-
 void check_paged_attention(const PagedAttentionArgs& a);
 
 // The parameter-block fields decode and extend share (KilnDecodeParams, and KilnPrefillParams
