@@ -137,10 +137,11 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
                         kv_head * kHeads, q_begin + (first_step + i + b) * kPositions + row0);
           }
         }
-        for (int n = threadIdx.x; n < (last_block - first_block + 1) * 128; n += kWindowStripThreads) {
+        // Chunk n of the pair: chunk n % 8 of row n % 64 / 8 of block first_block + n / 128, K or V
+        // by n / 64 % 2. A thread's chunks share their row and step two blocks at a time.
+        auto copy_chunk = [&](int n, int page) {
           const int j = first_block + n / 128, r = n % 64 / 8, c = n % 8, slot = j % kRingBlocks;
           const bool is_v = n / 64 % 2 != 0;
-          const int page = i > 0 ? next_rows[0] : gather_page(j, r);
           const long long at_page = page >= 0 ? page * (is_v ? p.v_page_stride : p.k_page_stride) +
                                                     ((first_key + 8 * j + r) & (p.page_size - 1)) * (is_v ? p.v_row_stride : p.k_row_stride)
                                               : 0;
@@ -148,6 +149,25 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
           const unsigned to = shared_address(is_v ? v_ring : k_ring) + slot * kBlockBytes + swizzle128_offset(r, c);
           copy16_async_or_zero(to, from, page >= 0);
           if (j >= kRingBlocks && slot < kBandBlocks - 1) copy16_async_or_zero(to + kRingBlocks * kBlockBytes, from, page >= 0);
+        };
+        const int chunks = (last_block - first_block + 1) * 128;
+        if (i > 0) {
+          if (threadIdx.x < chunks) copy_chunk(threadIdx.x, next_rows[0]);
+        } else {
+          // Pair 0 copies whole bands, about ten chunks a thread: every page is read before the
+          // first copy, so the reads are in flight together rather than one after each copy.
+          constexpr int kFirstChunks = ((kBandBlocks + 1) * 128 + kWindowStripThreads - 1) / kWindowStripThreads;
+          int pages[kFirstChunks];
+#pragma unroll
+          for (int k = 0; k < kFirstChunks; ++k) {
+            const int n = threadIdx.x + k * kWindowStripThreads;
+            pages[k] = n < chunks ? gather_page(first_block + n / 128, n % 64 / 8) : -1;
+          }
+#pragma unroll
+          for (int k = 0; k < kFirstChunks; ++k) {
+            const int n = threadIdx.x + k * kWindowStripThreads;
+            if (n < chunks) copy_chunk(n, pages[k]);
+          }
         }
         copies_arrive_on(barrier);
         return;
