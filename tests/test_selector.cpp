@@ -578,7 +578,7 @@ TEST(Selector, ShortWindowsAtGroup8TakeTheWindowStripKernel) {
 }
 
 // The same over paged caches of the queries' type, pages of every size (TMA boxes from 8 rows,
-// else gathered); it instantiates the paged form.
+// else gathered), and over e4m3 caches (gathered); it instantiates the paged form.
 TEST(Selector, ShortExtendWindowsAtGroup8TakeThePagedWindowStripKernel) {
   const Platform sm90a = platform_for_target("sm_90a");
   Signature sig = test::extend_signature("bf16", "bf16", 64, 8, 16);
@@ -594,8 +594,10 @@ TEST(Selector, ShortExtendWindowsAtGroup8TakeThePagedWindowStripKernel) {
   EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.window_strip");
   other = sig;
   other.set("kv_dtype", "e4m3");
-  EXPECT_TRUE(strip->accepts(other).has_value());
-  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.mma_window_fp8");
+  EXPECT_EQ(Registry::global().select(other, sm90a)->name, "attention.extend.window_strip");
+  EXPECT_EQ(strip->specialize(other, sm90a).name_expression, "kiln::prefill_window_strip<kiln::bf16, true, kiln::e4m3>");
+  other.set("kv_dtype", "f16");
+  EXPECT_TRUE(strip->accepts(other).has_value()) << "a 16-bit cache of another type than the queries'";
   other = test::extend_signature("bf16", "bf16", 64, 8, 16);
   other.set_flag("window", true).set_flag("sinks", true);  // a longer window
   EXPECT_TRUE(strip->accepts(other).has_value());
@@ -816,8 +818,9 @@ TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
 }
 
 // Chunked prefill over an e4m3 cache runs the mma.sync kernels' e4m3 forms from sm_89 (their cvt
-// to f16 pairs), windows the head-packing one; before sm_89 the reference. Decode beyond the split
-// kernel's 64 rows (32 at head_dim 256) takes the paged prefill kernel's e4m3 form.
+// to f16 pairs), windows the head-packing one (GPT-OSS's on Hopper the window strip kernel);
+// before sm_89 the reference. Decode beyond the split kernel's 64 rows (32 at head_dim 256) takes
+// the paged prefill kernel's e4m3 form.
 TEST(Selector, E4m3CachesOnTensorCoresBeyondTheSplitDecode) {
   for (const char* arch : {"sm_89", "sm_90a", "sm_100a", "sm_120a"}) {
     const Platform p = platform_for_target(arch);
@@ -828,6 +831,10 @@ TEST(Selector, E4m3CachesOnTensorCoresBeyondTheSplitDecode) {
     Signature windowed = test::extend_signature("f16", "e4m3", 64, 8, 16);
     windowed.set_flag("window", true).set_flag("sinks", true);
     EXPECT_EQ(Registry::global().select(windowed, p)->name, "attention.extend.mma_window_fp8") << arch;
+    windowed.set_flag("short_window", true);  // GPT-OSS's window at group 8: the strip kernel on Hopper
+    EXPECT_EQ(Registry::global().select(windowed, p)->name,
+              std::string(arch) == "sm_90a" ? "attention.extend.window_strip" : "attention.extend.mma_window_fp8")
+        << arch;
     EXPECT_EQ(Registry::global().select(test::decode_signature("bf16", "e4m3", 256, 8, 16, 5), p)->name, "attention.decode.prefill_mma_fp8")
         << arch;
   }

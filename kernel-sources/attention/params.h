@@ -42,8 +42,8 @@ struct KilnPrefillParams {
   // step within a page; key j of sequence b is row j % page_size of page
   // page_table[b * page_table_stride + j / page_size], and the sequence holds cache_seqlens[b]
   // keys (cu_seqlens_k unused). total_k is then the caches' rows (num_pages x page_size) where
-  // their pages can be copied as whole TMA boxes (pages of at least 8 rows packed one after the
-  // other, 16-byte strides), else 0.
+  // their pages can be copied as whole TMA boxes (16-bit caches, pages of at least 8 rows packed
+  // one after the other, 16-byte strides), else 0.
   const int* page_table;
   const int* cache_seqlens;
   long long page_table_stride;

@@ -31,7 +31,10 @@
 // the last step zeroes the V rows past the sequence's keys, which its rows do not see but whose
 // garbage P V would multiply by 0. Other caches (pages under 8 rows, heads-first or gapped
 // layouts) are gathered: every thread copies 16-byte chunks of K and V rows by cp.async, keys
-// outside the sequence zero-filled, each a pair of steps after its page was read.
+// outside the sequence zero-filled, each a pair of steps after its page was read. An e4m3 cache
+// (Cache = e4m3) is always gathered, through registers: each thread loads its 8-byte chunk a pair
+// before it stores the chunk widened to T (exactly), and k_scale and v_scale join the scores'
+// scale and the output's.
 //
 // Launch: grid (strips, Hkv, batch): strip x of a sequence takes steps [x L, x L + L), L =
 // ceil(ceil((max_seqlen_q + (kPaged ? 7 : 0)) / 8) / strips); block kWindowStripThreads; dynamic
@@ -52,8 +55,18 @@
 
 namespace kiln {
 
-template <typename T, bool kPaged = false>
+// Two e4m3 values (low byte first) as a pair of T, exactly.
+template <typename T>
+__device__ __forceinline__ unsigned e4m3x2_to_pair(unsigned short pair) {
+  const unsigned h = e4m3x2_to_f16x2(pair);
+  if (SameType<T, f16>::value) return h;
+  return pack2<T>(to_float(f16{static_cast<u16>(h & 0xffffu)}), to_float(f16{static_cast<u16>(h >> 16)}));
+}
+
+template <typename T, bool kPaged = false, typename Cache = T>
 __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(const __grid_constant__ KilnPrefillParams p) {
+  constexpr bool kFp8 = !SameType<Cache, T>::value;
+  static_assert(!kFp8 || kPaged, "e4m3 keys come from a paged cache");
   constexpr int kPositions = kWindowStripPositions, kBandBlocks = kWindowStripBandBlocks, kRingBlocks = kWindowStripRingBlocks;
   constexpr int kGroups = kWindowStripWarpgroups, kQBuffers = kWindowStripQBuffers, kPairs = kQBuffers / kGroups;
   constexpr int kQBytes = 64 * 128, kBlockBytes = 8 * 128, kRingBytes = (kRingBlocks + kBandBlocks - 1) * kBlockBytes;
@@ -70,8 +83,8 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
   const int q_begin = p.cu_seqlens_q[batch], len_q = p.cu_seqlens_q[batch + 1] - q_begin;
   const int k_begin = kPaged ? 0 : p.cu_seqlens_k[batch];
   const int len_k = kPaged ? p.cache_seqlens[batch] : p.cu_seqlens_k[batch + 1] - k_begin;
-  const int shift = len_k - len_q;                   // row i sits at key position i + shift: bottom-right aligned
-  const bool page_boxes = !kPaged || p.total_k > 0;  // else every thread gathers key rows by cp.async
+  const int shift = len_k - len_q;                              // row i sits at key position i + shift: bottom-right aligned
+  const bool page_boxes = !kPaged || (!kFp8 && p.total_k > 0);  // else every thread gathers key rows
   // Paged: step 0 starts at row -(shift mod 8), whose key position is a multiple of 8.
   const int row0 = kPaged ? -(shift & (kPositions - 1)) : 0, max_rows = p.max_seqlen_q + (kPaged ? kPositions - 1 : 0);
   const int strip_steps = ((max_rows + kPositions - 1) / kPositions + gridDim.x - 1) / gridDim.x;
@@ -102,6 +115,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
   // boxes (thread 0) the rows of its (at most two) new blocks; gathering, the page of this thread's
   // key row (thread t copies chunk t % 8 of row t % 64 / 8 of block t / 128, K or V by t / 64 % 2).
   int next_rows[2] = {0, 0};
+  uint2 held = make_uint2(0, 0);  // e4m3: this thread's chunk of the next pair to issue, loaded a pair early
   auto read_rows = [&](int pair) {
     if constexpr (kPaged) {
       if (page_boxes) {
@@ -110,6 +124,49 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
         next_rows[0] = gather_page(2 * pair + kBandBlocks - 1 + static_cast<int>(threadIdx.x) / 128, threadIdx.x % 64 / 8);
       }
     }
+  };
+
+  // Gathering, chunk n of a pair whose first new block is first_block: chunk n % 8 (8 values) of
+  // row n % 64 / 8 of block first_block + n / 128, K or V by n / 64 % 2; a thread's chunks share
+  // their row and step two blocks at a time. Its address in the cache (row of page `page`) and in
+  // the ring, where a block past the first lap whose slot repeats is written twice.
+  auto chunk_from = [&](int first_block, int n, int page) {
+    const int j = first_block + n / 128, r = n % 64 / 8;
+    const bool is_v = n / 64 % 2 != 0;
+    const long long at_page = page >= 0 ? page * (is_v ? p.v_page_stride : p.k_page_stride) +
+                                              ((first_key + 8 * j + r) & (p.page_size - 1)) * (is_v ? p.v_row_stride : p.k_row_stride)
+                                        : 0;
+    return static_cast<const Cache*>(is_v ? p.v : p.k) + at_page + kv_head * (is_v ? p.v_head_stride : p.k_head_stride) + n % 8 * 8;
+  };
+  auto chunk_to = [&](int first_block, int n) {
+    const int slot = (first_block + n / 128) % kRingBlocks;
+    return shared_address(n / 64 % 2 != 0 ? v_ring : k_ring) + slot * kBlockBytes + swizzle128_offset(n % 64 / 8, n % 8);
+  };
+  auto chunk_twice = [&](int first_block, int n) {
+    const int j = first_block + n / 128;
+    return j >= kRingBlocks && j % kRingBlocks < kBandBlocks - 1;
+  };
+  // 16-bit caches: the chunk by cp.async (zeros for page -1).
+  auto copy_chunk = [&](int first_block, int n, int page) {
+    const Cache* from = chunk_from(first_block, n, page);
+    const unsigned to = chunk_to(first_block, n);
+    copy16_async_or_zero(to, from, page >= 0);
+    if (chunk_twice(first_block, n)) copy16_async_or_zero(to + kRingBlocks * kBlockBytes, from, page >= 0);
+  };
+  // e4m3 caches: the chunk's 8 bytes into registers (zeros for page -1), later widened to T
+  // exactly and stored (k_scale and v_scale join the scores' scale and the output's).
+  auto load_chunk = [&](int first_block, int n, int page) {
+    return page >= 0 ? __ldg(reinterpret_cast<const uint2*>(chunk_from(first_block, n, page))) : make_uint2(0, 0);
+  };
+  auto store_widened = [&](int first_block, int n, uint2 raw) {
+    Bf16x8 v;
+    v.w[0] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.x & 0xffffu));
+    v.w[1] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.x >> 16));
+    v.w[2] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.y & 0xffffu));
+    v.w[3] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.y >> 16));
+    const unsigned to = chunk_to(first_block, n);
+    store16_shared(to, v);
+    if (chunk_twice(first_block, n)) store16_shared(to + kRingBlocks * kBlockBytes, v);
   };
 
   if (threadIdx.x == 0) {
@@ -137,25 +194,19 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
                         kv_head * kHeads, q_begin + (first_step + i + b) * kPositions + row0);
           }
         }
-        // Chunk n of the pair: chunk n % 8 of row n % 64 / 8 of block first_block + n / 128, K or V
-        // by n / 64 % 2. A thread's chunks share their row and step two blocks at a time.
-        auto copy_chunk = [&](int n, int page) {
-          const int j = first_block + n / 128, r = n % 64 / 8, c = n % 8, slot = j % kRingBlocks;
-          const bool is_v = n / 64 % 2 != 0;
-          const long long at_page = page >= 0 ? page * (is_v ? p.v_page_stride : p.k_page_stride) +
-                                                    ((first_key + 8 * j + r) & (p.page_size - 1)) * (is_v ? p.v_row_stride : p.k_row_stride)
-                                              : 0;
-          const T* from = static_cast<const T*>(is_v ? p.v : p.k) + at_page + kv_head * (is_v ? p.v_head_stride : p.k_head_stride) + c * 8;
-          const unsigned to = shared_address(is_v ? v_ring : k_ring) + slot * kBlockBytes + swizzle128_offset(r, c);
-          copy16_async_or_zero(to, from, page >= 0);
-          if (j >= kRingBlocks && slot < kBandBlocks - 1) copy16_async_or_zero(to + kRingBlocks * kBlockBytes, from, page >= 0);
-        };
         const int chunks = (last_block - first_block + 1) * 128;
         if (i > 0) {
-          if (threadIdx.x < chunks) copy_chunk(threadIdx.x, next_rows[0]);
+          if (threadIdx.x < chunks) {
+            if constexpr (kFp8) {
+              store_widened(first_block, threadIdx.x, held);
+            } else {
+              copy_chunk(first_block, threadIdx.x, next_rows[0]);
+            }
+          }
         } else {
-          // Pair 0 copies whole bands, about ten chunks a thread: every page is read before the
-          // first copy, so the reads are in flight together rather than one after each copy.
+          // Pair 0 copies whole bands, about ten chunks a thread: every page (and e4m3 chunk) is
+          // read before the first copy, so the reads are in flight together rather than one
+          // after each copy.
           constexpr int kFirstChunks = ((kBandBlocks + 1) * 128 + kWindowStripThreads - 1) / kWindowStripThreads;
           int pages[kFirstChunks];
 #pragma unroll
@@ -163,13 +214,29 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
             const int n = threadIdx.x + k * kWindowStripThreads;
             pages[k] = n < chunks ? gather_page(first_block + n / 128, n % 64 / 8) : -1;
           }
+          if constexpr (kFp8) {
+            uint2 raw[kFirstChunks];
 #pragma unroll
-          for (int k = 0; k < kFirstChunks; ++k) {
-            const int n = threadIdx.x + k * kWindowStripThreads;
-            if (n < chunks) copy_chunk(n, pages[k]);
+            for (int k = 0; k < kFirstChunks; ++k) raw[k] = load_chunk(first_block, threadIdx.x + k * kWindowStripThreads, pages[k]);
+#pragma unroll
+            for (int k = 0; k < kFirstChunks; ++k) {
+              const int n = threadIdx.x + k * kWindowStripThreads;
+              if (n < chunks) store_widened(first_block, n, raw[k]);
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < kFirstChunks; ++k) {
+              const int n = threadIdx.x + k * kWindowStripThreads;
+              if (n < chunks) copy_chunk(first_block, n, pages[k]);
+            }
           }
         }
-        copies_arrive_on(barrier);
+        if constexpr (kFp8) {
+          fence_async_shared();  // the widened rows, stored through the generic proxy, before wgmma reads them
+          mbarrier_arrive(barrier);
+        } else {
+          copies_arrive_on(barrier);
+        }
         return;
       }
     }
@@ -190,19 +257,30 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
       }
     }
   };
+  // e4m3: this thread's chunk of `pair` into `held`, from the page read_rows read for it.
+  auto fetch_held = [&](int pair) { held = load_chunk(2 * pair + kBandBlocks - 1, threadIdx.x, next_rows[0]); };
   if (threadIdx.x == 0 || !page_boxes) {
     for (int pair = 0; pair < kPairs; ++pair) {
-      if (pair > 0) read_rows(pair);  // pair 0 reads its blocks' rows as it copies
+      if (pair > 0) {  // pair 0 reads its blocks' rows as it copies
+        read_rows(pair);
+        if constexpr (kFp8) fetch_held(pair);
+      }
       issue(pair);
     }
+    // Pages are read a pair before their copies; e4m3 chunks are loaded a pair before they are
+    // stored, and their pages a pair before that.
     read_rows(kPairs);
+    if constexpr (kFp8) {
+      fetch_held(kPairs);
+      read_rows(kPairs + 1);
+    }
   }
 
   // Through a shuffle so ptxas knows the warp index is warp-uniform (see prefill_wgmma_ws.cuh).
   const int warp_in_cta = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int group = warp_in_cta / 4, warp = warp_in_cta % 4, c = lane & 3;
   const int head = kv_head * kHeads + (lane >> 2);  // this thread's rows: that head at positions 2 warp + half
-  const float scale = p.softmax_scale * 1.4426950408889634f;
+  const float scale = p.softmax_scale * 1.4426950408889634f * (kFp8 ? p.k_scale : 1.0f);
   const int window = p.window_left;
   const bool has_sink = p.sinks != nullptr;
   const float sink = has_sink ? p.sinks[head] : 0.0f;
@@ -304,7 +382,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
         float m_nat, l, scale_o;
         finish_row_with_sink(
             m_row, l_row, half, has_sink, [&] { return sink; }, m_nat, l, scale_o);
-        inv[half] = row_inverse(l, scale_o);
+        inv[half] = row_inverse(l, scale_o) * (kFp8 ? p.v_scale : 1.0f);
         const int row = i0 + 2 * warp + half;
         if (p.lse != nullptr && c == 0 && (!kPaged || row >= 0) && row < len_q)
           p.lse[(q_begin + row) * p.lse_row_stride + head] = row_lse(m_nat, l);
@@ -330,7 +408,8 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
     __syncthreads();  // both steps of the pair are done: their Q buffers and first blocks take the pair after next
     if (threadIdx.x == 0 || !page_boxes) {
       issue(pair + kPairs);
-      read_rows(pair + kPairs + 1);
+      if constexpr (kFp8) fetch_held(pair + kPairs + 1);
+      read_rows(pair + kPairs + 1 + (kFp8 ? 1 : 0));
     }
   }
 }

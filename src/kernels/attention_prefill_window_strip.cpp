@@ -1,7 +1,8 @@
 // attention.prefill.window_strip and attention.extend.window_strip
 // (kernel-sources/attention/prefill_window_strip.cuh, sm_90a): GPT-OSS's sliding layers (head_dim
 // 64, group 8, causal windows of at most 129 keys), over contiguous K and V and over paged caches
-// of the queries' type (pages TMA copies whole by TMA, others gathered by cp.async). A CTA walks a
+// of the queries' type (pages TMA copies whole by TMA, others gathered by cp.async) or of e4m3
+// (gathered through registers and widened exactly). A CTA walks a
 // strip of positions of one KV head, 8 positions x 8 heads a step (its two warpgroups in turn),
 // reading each K and V row once and each band in one pass; outranks the head-packing window
 // kernels where it applies.
@@ -42,8 +43,8 @@ KernelSpec window_strip_spec(const char* name, bool paged) {
   spec.source = "attention/prefill_window_strip.cuh";
   spec.accepts = [paged](const Signature& sig) -> std::optional<std::string> {
     if (auto why = detail::check_16bit_dtype(sig)) return why;
-    if (paged && sig.get("kv_dtype") != sig.get("dtype")) {
-      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype)", sig.get("kv_dtype"));
+    if (paged && sig.get("kv_dtype") != sig.get("dtype") && sig.get("kv_dtype") != "e4m3") {
+      return fmt::format("kv_dtype {} unsupported (supported: the same as dtype, or e4m3)", sig.get("kv_dtype"));
     }
     if (sig.get_int("head_dim") != 64) return fmt::format("head_dim {} unsupported (supported: 64)", sig.get_int("head_dim"));
     if (sig.get_int("group") != kWindowStripHeads) {
@@ -56,7 +57,10 @@ KernelSpec window_strip_spec(const char* name, bool paged) {
     return std::nullopt;
   };
   spec.specialize = [paged](const Signature& sig, const Platform&) {
-    return Specialization{fmt::format("kiln::prefill_window_strip<kiln::{}{}>", sig.get("dtype"), paged ? ", true" : ""), {}};
+    const bool e4m3_cache = paged && sig.get("kv_dtype") == "e4m3";
+    return Specialization{
+        fmt::format("kiln::prefill_window_strip<kiln::{}{}{}>", sig.get("dtype"), paged ? ", true" : "", e4m3_cache ? ", kiln::e4m3" : ""),
+        {}};
   };
   spec.launch_shape = [name](const void* params, const Platform& platform) {
     const auto& p = *static_cast<const KilnPrefillParams*>(params);

@@ -1286,16 +1286,27 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
   // it gathers (under 8 rows, or with gaps between them): prefixes of every residue mod 8 (its
   // steps move back to start on multiples of 8 keys), the last step's keys ending inside a block
   // whose other rows are poisoned, windows of 0 to 128, 2000 new tokens (strips over many ring
-  // laps), empty and one-token sequences, with and without sinks and appended rows.
+  // laps), empty and one-token sequences, with and without sinks and appended rows; e4m3 caches
+  // (always gathered) at pages of 1, 4, 16 with gaps and 64.
   struct StripCase {
     int page, window, gap;
+    bool fp8;
   };
   int w = 0;
-  for (const StripCase& strip :
-       std::vector<StripCase>{{8, 128, 0}, {16, 127, 0}, {64, 0, 0}, {256, 100, 0}, {1, 128, 0}, {4, 127, 0}, {16, 128, 3}}) {
+  for (const StripCase& strip : std::vector<StripCase>{{8, 128, 0, false},
+                                                       {16, 127, 0, false},
+                                                       {64, 0, 0, false},
+                                                       {256, 100, 0, false},
+                                                       {1, 128, 0, false},
+                                                       {4, 127, 0, false},
+                                                       {16, 128, 3, false},
+                                                       {1, 128, 0, true},
+                                                       {4, 127, 0, true},
+                                                       {16, 128, 3, true},
+                                                       {64, 100, 0, true}}) {
     ++w;
     cases.push_back({.dtype = w % 2 == 1 ? DType::kBF16 : DType::kF16,
-                     .fp8 = false,
+                     .fp8 = strip.fp8,
                      .d = 64,
                      .hq = 16,
                      .hkv = 2,
