@@ -1,9 +1,10 @@
 """The two back ends the example compares, over the same weights.
 
-kiln:    a paged KV cache (pages of `page_size` tokens, scattered through one pool), written by
-         kiln's kv_cache_append; prefill chunks through mha_extend_with_kvcache, decode through
-         mha_decode_with_kvcache; the experts through moe_apply on the MXFP4 weights (prepared once),
-         with bf16 activations or (activation_dtype="e4m3") W4A8.
+kiln:    a paged KV cache (pages of `page_size` tokens, scattered through one pool) of bf16 or
+         (kv_dtype="e4m3") of e4m3 with one scale, written by kiln's kv_cache_append; prefill
+         chunks through mha_extend_with_kvcache, decode through mha_decode_with_kvcache; the experts
+         through moe_apply on the MXFP4 weights (prepared once), with bf16 activations or
+         (activation_dtype="e4m3") W4A8.
 PyTorch: what a user writes without kiln. A static cache per request slot ([slots, Hkv, L, D], as
          Transformers' StaticCache); prefill through FlexAttention (compiled) with the sinks applied
          exactly through its log-sum-exp; decode as batched matmuls with the sinks in the softmax
@@ -11,6 +12,7 @@ PyTorch: what a user writes without kiln. A static cache per request slot ([slot
          experts through torch._grouped_mm on weights dequantized to bf16 once.
 reference: attention and experts in float64 on the same inputs (the MXFP4 weights expanded exactly,
          only the result rounded to bf16): what the parity test measures both back ends against.
+         With kv_dtype="e4m3" its cache holds K and V rounded as kiln's e4m3 cache holds them.
 """
 import random
 
@@ -19,27 +21,45 @@ import torch
 import mxfp4
 
 BACKENDS = ("kiln", "torch")
+KV_DTYPES = ("bf16", "e4m3")
+
+
+def _check_kv(kv_dtype, kv_scale):
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    if not kv_scale > 0:
+        raise ValueError(f"kv_scale: expected a positive number, got {kv_scale!r}")
+
+
+def e4m3_round_trip(x, scale):
+    """x as an e4m3 cache with `scale` holds it, in float64: x / scale rounded to the nearest e4m3
+    (ties to even), saturating at +-448, times scale (what kiln's kv_cache_append stores)."""
+    return (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float64) * scale
 
 
 class KilnBackend:
     name = "kiln"
 
-    def __init__(self, config, weights, slots, max_len, page_size, seed=0, activation_dtype="bf16"):
+    def __init__(self, config, weights, slots, max_len, page_size, seed=0, activation_dtype="bf16", kv_dtype="bf16", kv_scale=1.0):
         import kiln  # noqa: F401  (registers torch.ops.kiln)
         import kiln.torch as kt
         self.kt, self.config = kt, config
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size: expected a power of two, got {page_size}")
+        _check_kv(kv_dtype, kv_scale)
         self.page_size = page_size
         self.activation_dtype = activation_dtype
+        # k_scale and v_scale for kiln's calls: None (a bf16 cache) or the e4m3 cache's one scale.
+        self.scales = dict(k_scale=kv_scale, v_scale=kv_scale) if kv_dtype == "e4m3" else {}
+        cache_dtype = torch.float8_e4m3fn if kv_dtype == "e4m3" else torch.bfloat16
         pages_per_slot = -(-max_len // page_size)
         pool = list(range(slots * pages_per_slot))
         random.Random(seed).shuffle(pool)  # pages land anywhere in the pool, as a serving engine's do
         device = weights.embed.device
         self.page_table = torch.tensor(pool, dtype=torch.int32, device=device).view(slots, pages_per_slot)
         shape = (slots * pages_per_slot, page_size, config.kv_heads, config.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
-        self.v_cache = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(config.layers)]
+        self.k_cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(config.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(config.layers)]
         for w in weights.layers:  # kiln's prepared MXFP4 order: the same values, cheaper to decode
             kt.moe_prepare_weights(w.w13)
             kt.moe_prepare_weights(w.w2)
@@ -54,12 +74,12 @@ class KilnBackend:
     def attention(self, layer, q, k, v, step):
         c, w, kt = self.config, self.weights.layers[layer], self.kt
         kc, vc = self.k_cache[layer], self.v_cache[layer]
-        kt.kv_cache_append(k, v, self.slot_mapping, kc, vc)
+        kt.kv_cache_append(k, v, self.slot_mapping, kc, vc, **self.scales)
         window = c.sliding_window - 1 if c.sliding(layer) else None
         if step.decode:
-            return kt.mha_decode_with_kvcache(q, kc, vc, self.step_pages, step.seq_lens, sinks=w.sinks, window_left=window)
+            return kt.mha_decode_with_kvcache(q, kc, vc, self.step_pages, step.seq_lens, sinks=w.sinks, window_left=window, **self.scales)
         return kt.mha_extend_with_kvcache(q, kc, vc, self.step_pages, step.seq_lens, step.cu_seqlens_q, step.max_q,
-                                          sinks=w.sinks, window_left=window, causal=True)
+                                          sinks=w.sinks, window_left=window, causal=True, **self.scales)
 
     def experts(self, layer, x, router_logits):
         w = self.weights.layers[layer]
@@ -187,8 +207,10 @@ class ReferenceBackend:
     decode steps run eagerly (graphs=False)."""
     name = "reference"
 
-    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0):
+    def __init__(self, config, weights, slots, max_len, page_size=None, seed=0, kv_dtype="bf16", kv_scale=1.0):
+        _check_kv(kv_dtype, kv_scale)
         self.config, device = config, weights.embed.device
+        self.stored = (lambda x: e4m3_round_trip(x, kv_scale)) if kv_dtype == "e4m3" else (lambda x: x.double())
         shape = (slots, config.kv_heads, max_len, config.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=torch.float64, device=device) for _ in range(config.layers)]
         self.v_cache = [torch.zeros(shape, dtype=torch.float64, device=device) for _ in range(config.layers)]
@@ -208,8 +230,8 @@ class ReferenceBackend:
         for r, slot in enumerate(step.slots.tolist()):
             n, end = cu[r + 1] - cu[r], ends[r]
             start = end - n
-            kc[slot, :, start:end] = k[cu[r]:cu[r + 1]].transpose(0, 1).double()
-            vc[slot, :, start:end] = v[cu[r]:cu[r + 1]].transpose(0, 1).double()
+            kc[slot, :, start:end] = self.stored(k[cu[r]:cu[r + 1]].transpose(0, 1))
+            vc[slot, :, start:end] = self.stored(v[cu[r]:cu[r + 1]].transpose(0, 1))
             queries = q[cu[r]:cu[r + 1]].double().view(n, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
             scores = queries @ kc[slot, :, None, :end].transpose(-1, -2) * c.head_dim ** -0.5  # [Hkv, group, n, end]
             q_pos = torch.arange(start, end, device=q.device)[:, None]

@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backends import BACKENDS, make_backend  # noqa: E402
+from backends import BACKENDS, KV_DTYPES, make_backend  # noqa: E402
 from config import CONFIGS, config_named  # noqa: E402
 from model import GptOss, Step  # noqa: E402
 from weights import random_weights  # noqa: E402
@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--page-size", type=_positive, default=16, help="kiln's KV page size (a power of two, <= 256)")
     p.add_argument("--moe-activations", choices=["bf16", "e4m3"], default="bf16",
                    help="kiln's expert activations: e4m3 is W4A8, quantized to MXFP8 inside the kernel")
+    p.add_argument("--kv-cache", choices=list(KV_DTYPES), default="bf16",
+                   help="kiln's KV cache: e4m3 holds K and V as e4m3 with one scale (--kv-scale)")
+    p.add_argument("--kv-scale", type=float, default=1.0, help="the e4m3 cache's scale: stored = value / scale")
     p.add_argument("--max-batched-tokens", type=_positive, default=8192, help="prefill tokens per forward")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly instead of replaying a CUDA graph")
     p.add_argument("--profile", action="store_true", help="break one decode step down by kernel (batch 8)")
@@ -78,6 +81,8 @@ def parse_args(argv=None):
         args.prompt_lengths = [args.context] * args.prompts
     if args.page_size & (args.page_size - 1) or args.page_size > 256:
         p.error(f"--page-size: expected a power of two up to 256, got {args.page_size}")
+    if not args.kv_scale > 0:
+        p.error(f"--kv-scale: expected a positive number, got {args.kv_scale}")
     return args
 
 
@@ -245,7 +250,7 @@ def run_backend(name, args, progress):
     max_len = -(-(max(args.context, *args.prompt_lengths) + args.decode_steps + 1) // 16) * 16
     progress(f"{name}: drawing {config.name} ({config.layers} layers) weights, seed {args.seed}")
     weights = random_weights(config, args.seed)
-    options = {"activation_dtype": args.moe_activations} if name == "kiln" else {}
+    options = {"activation_dtype": args.moe_activations, "kv_dtype": args.kv_cache, "kv_scale": args.kv_scale} if name == "kiln" else {}
     backend = make_backend(name, config, weights, slots, max_len, args.page_size, args.seed, **options)
     model = GptOss(config, weights, backend)
     engine = Engine(model, max_len, args.max_batched_tokens)
@@ -296,7 +301,7 @@ def summary(results, args):
     """The one-screen table, kiln against PyTorch."""
     lines = [f"{args.config.name}, {args.config.layers} layers, random weights (seed {args.seed}); {torch.cuda.get_device_name()}; "
              f"prefill of {args.prompts} prompts ({sum(args.prompt_lengths)} tokens), decode contexts {args.context}, "
-             f"page size {args.page_size}, "
+             f"page size {args.page_size}, kiln's KV cache {args.kv_cache}, "
              f"decode {args.decode_steps} steps {'eager' if args.no_graphs else 'in a CUDA graph'}"]
     header = ["", "prefill tok/s", "TTFT ms"] + [f"decode tok/s B={b}" for b in args.batches] + \
              [f"TPOT ms B={b}" for b in args.batches] + ["peak GiB"]

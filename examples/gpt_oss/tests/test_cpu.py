@@ -6,7 +6,7 @@ import torch
 
 import mxfp4
 import serve
-from backends import ReferenceBackend
+from backends import ReferenceBackend, e4m3_round_trip
 from config import CONFIGS, GptOssConfig, config_named, yarn_inv_freq
 from model import Step
 from weights import random_weights
@@ -33,6 +33,26 @@ def test_moe_activations_choose_w4a8_by_name():
         serve.parse_args(["--moe-activations", "int8"])
 
 
+def test_kv_cache_is_bf16_or_e4m3_with_a_positive_scale():
+    args = serve.parse_args([])
+    assert (args.kv_cache, args.kv_scale) == ("bf16", 1.0)
+    args = serve.parse_args(["--kv-cache", "e4m3", "--kv-scale", "0.25"])
+    assert (args.kv_cache, args.kv_scale) == ("e4m3", 0.25)
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--kv-cache", "int4"])
+
+
+def test_e4m3_round_trip_rounds_to_nearest_even_and_saturates():
+    # What kiln's kv_cache_append stores for value / scale: e4m3's 3 mantissa bits, ties to even,
+    # +-448 at most, subnormals down to 2^-9.
+    scale = 0.5
+    x = torch.tensor([1.0, 1.0625, 1.1875, 3.0 * 2**-10, 2**-10, 1000.0, -1000.0, 0.0]) * scale
+    expected = torch.tensor([1.0, 1.0, 1.25, 2**-8, 0.0, 448.0, -448.0, 0.0], dtype=torch.float64) * scale
+    assert torch.equal(e4m3_round_trip(x.bfloat16(), scale), expected)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        ReferenceBackend(TINY, random_weights(TINY, 0, device="cpu"), slots=1, max_len=16, kv_dtype="fp8")
+
+
 def test_layers_run_fewer_blocks_at_full_width():
     args = serve.parse_args(["--model", "gpt-oss-120b", "--layers", "2", "--batches", "4,16", "--backends", "kiln"])
     assert (args.config.layers, args.config.experts, args.config.hidden) == (2, 128, 2880)
@@ -42,6 +62,7 @@ def test_layers_run_fewer_blocks_at_full_width():
 @pytest.mark.parametrize("argv, named", [(["--layers", "25"], "layers"), (["--layers", "0"], "--layers"),
                                          (["--batches", "8,x"], "--batches"), (["--backends", "kiln,tpu"], "--backends"),
                                          (["--page-size", "24"], "--page-size"), (["--page-size", "512"], "--page-size"),
+                                         (["--kv-scale", "0"], "--kv-scale"),
                                          (["--prompt-lengths", "8,0"], "--prompt-lengths"),
                                          (["--model", "llama"], "--model")])
 def test_bad_arguments_are_named(argv, named, capsys):
