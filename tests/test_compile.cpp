@@ -187,6 +187,26 @@ TEST(Compile, W4a8ForEveryClaimedTarget) {
   EXPECT_EQ(kernels, (std::set<std::string>{"moe.apply.reference", "moe.apply.stream"}));
 }
 
+// GPT-OSS's window over an e4m3 cache on Hopper: the window strip kernel's e4m3 instance (the
+// representative signatures above give it the bf16 one), for bf16 and f16 queries, without
+// compiler advisories.
+TEST(Compile, WindowStripOverAnE4m3Cache) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  const auto spec = Registry::global().find("attention.extend.window_strip");
+  ASSERT_TRUE(spec);
+  for (const char* dtype : {"bf16", "f16"}) {
+    const Signature sig =
+        test::extend_signature(dtype, "e4m3", 64, 8).set_flag("window", true).set_flag("sinks", true).set_flag("short_window", true);
+    ASSERT_EQ(Registry::global().select(sig, sm90a)->name, spec->name) << dtype;
+    const auto request = detail::build_request(*spec, sig, sm90a);
+    const auto binary = detail::get_or_compile(request);
+    const auto& lowered = binary->result.lowered_name;
+    EXPECT_NE(lowered.find("NS_4e4m3E"), std::string::npos) << lowered;
+    EXPECT_TRUE(contains(binary->result.binary, lowered)) << dtype;
+    EXPECT_TRUE(detail::backend_for(request.compiler).compile_advisories(binary->result.log).empty()) << dtype;
+  }
+}
+
 // The MoE streaming kernel's large-batch build (MXFP4 with experts averaging at least 96 routed
 // pairs: 144-pair GEMM tiles on sm_90a, the streaming phases' sums after the rings elsewhere) is a
 // binary of its own, on the grouped-GEMM target and on one without them.

@@ -49,7 +49,7 @@ class KilnBackend:
         _check_kv(kv_dtype, kv_scale)
         self.page_size = page_size
         self.activation_dtype = activation_dtype
-        # k_scale and v_scale for kiln's calls: None (a bf16 cache) or the e4m3 cache's one scale.
+        # k_scale and v_scale for kiln's calls: the e4m3 cache's one scale (none for a bf16 cache).
         self.scales = dict(k_scale=kv_scale, v_scale=kv_scale) if kv_dtype == "e4m3" else {}
         cache_dtype = torch.float8_e4m3fn if kv_dtype == "e4m3" else torch.bfloat16
         pages_per_slot = -(-max_len // page_size)

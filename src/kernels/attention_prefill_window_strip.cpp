@@ -2,10 +2,9 @@
 // (kernel-sources/attention/prefill_window_strip.cuh, sm_90a): GPT-OSS's sliding layers (head_dim
 // 64, group 8, causal windows of at most 129 keys), over contiguous K and V and over paged caches
 // of the queries' type (pages TMA copies whole by TMA, others gathered by cp.async) or of e4m3
-// (gathered through registers and widened exactly). A CTA walks a
-// strip of positions of one KV head, 8 positions x 8 heads a step (its two warpgroups in turn),
-// reading each K and V row once and each band in one pass; outranks the head-packing window
-// kernels where it applies.
+// (gathered through registers and widened exactly). A CTA walks a strip of positions of one KV
+// head, 8 positions x 8 heads a step (its two warpgroups in turn), reading each K and V row once
+// and each band in one pass; outranks the head-packing window kernels where it applies.
 #include <fmt/format.h>
 
 #include <algorithm>
