@@ -65,7 +65,7 @@ __device__ __forceinline__ unsigned e4m3x2_to_pair(unsigned short pair) {
 
 template <typename T, bool kPaged = false, typename Cache = T>
 __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(const __grid_constant__ KilnPrefillParams p) {
-  constexpr bool kFp8 = !SameType<Cache, T>::value;
+  constexpr bool kFp8 = SameType<Cache, e4m3>::value;
   static_assert(!kFp8 || kPaged, "e4m3 keys come from a paged cache");
   constexpr int kPositions = kWindowStripPositions, kBandBlocks = kWindowStripBandBlocks, kRingBlocks = kWindowStripRingBlocks;
   constexpr int kGroups = kWindowStripWarpgroups, kQBuffers = kWindowStripQBuffers, kPairs = kQBuffers / kGroups;

@@ -73,11 +73,10 @@ void mha_extend_with_kvcache(const MhaExtendArgs& a, Stream stream) {
   // Pages a TMA box of page_size 16-bit rows can copy: the caches as one tensor of num_pages x
   // page_size rows (the kernels that copy e4m3 caches gather them).
   auto whole_pages = [&](const TensorView& cache) {
-    const int64_t bytes = static_cast<int64_t>(dtype_size(cache.dtype));
-    return cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * bytes % 16 == 0 && cache.stride(2) * bytes % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && cache.size(0) * cache.size(1) <= INT32_MAX;
+    return dtype_size(cache.dtype) == 2 && cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * 2 % 16 == 0 &&
+           cache.stride(2) * 2 % 16 == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && cache.size(0) * cache.size(1) <= INT32_MAX;
   };
-  if (p.page_size >= 8 && dtype_size(a.k_cache.dtype) == 2 && whole_pages(a.k_cache) && whole_pages(a.v_cache))
+  if (p.page_size >= 8 && whole_pages(a.k_cache) && whole_pages(a.v_cache))
     p.total_k = static_cast<int>(a.k_cache.size(0) * a.k_cache.size(1));
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{detail::extend_signature_table().call_key(a),
