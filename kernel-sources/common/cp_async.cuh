@@ -9,11 +9,6 @@ namespace kiln {
 
 // 4 bytes (4-byte aligned) from global to shared memory (a shared-window address), or 4 zero bytes
 // when `valid` is false; with `policy`, under an L2 cache policy (createpolicy).
-// One arrival on the mbarrier at `barrier` (a shared-window address) once every cp.async this
-// thread issued before has landed; the barrier's expected count includes it (.noinc).
-__device__ __forceinline__ void arrive_on_copies(unsigned barrier) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(barrier) : "memory");
-}
 __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0) : "memory");
 }

@@ -722,7 +722,7 @@ __device__ __forceinline__ int moe_gemm_copy_mxfp4(const KilnMoeParams& p, const
                           valid ? reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(at.scale_now[n]) & ~3ull) : weights,
                           valid);
     }
-    arrive_on_copies(full);
+    copies_arrive_on(full);
     at.advance(p, s, copier);
   }
 }
@@ -981,13 +981,23 @@ __device__ __forceinline__ void moe_gemm_tile_mxfp4(const KilnMoeParams& p, cons
     if (h >= p.hidden) return;
     const long long bias = t.expert * p.w2_bias_expert_stride + h;
     const float b0 = moe_bias<kBias2>(p.w2_bias, bias), b1 = moe_bias<kBias2>(p.w2_bias, bias + 8);
+    // The tile's pair ids, listed by other CTAs: lane l loads pairs l, l + 32, ... in one round
+    // trip, and each thread takes its columns' ids by shuffles. (Loaded one a column, each load
+    // waited for the store before it: 36 round trips to L2 a tile.)
+    int ids[(kN + 31) / 32];
+#pragma unroll
+    for (int i = 0; i < (kN + 31) / 32; ++i) {
+      const int n = 32 * i + lane;
+      ids[i] = n < t.count ? *reinterpret_cast<const volatile int*>(&s.pairs[t.first + n]) : 0;
+    }
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int n = 8 * j + 2 * c + e;
+        const int pair = __shfl_sync(0xffffffffu, ids[j / 4], 8 * (j % 4) + 2 * c + e);
         if (n >= t.count) continue;
-        bf16* const out = y + static_cast<long long>(*reinterpret_cast<const volatile int*>(&s.pairs[t.first + n])) * p.hidden + h;
+        bf16* const out = y + static_cast<long long>(pair) * p.hidden + h;
         out[0] = from_float<bf16>(acc[j][e] + b0);
         out[8] = from_float<bf16>(acc[j][2 + e] + b1);
       }
