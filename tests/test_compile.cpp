@@ -207,6 +207,30 @@ TEST(Compile, WindowStripOverAnE4m3Cache) {
   }
 }
 
+// Chunked prefill over an e4m3 cache on Hopper at head_dim 64 and 128: the warp-specialized
+// kernel's e4m3 instance, for bf16 and f16 queries, without compiler advisories; a soft cap or
+// head_dim 256 stays with the mma.sync e4m3 kernel.
+TEST(Compile, WarpSpecializedExtendOverAnE4m3Cache) {
+  const Platform sm90a = platform_for_target("sm_90a");
+  const auto spec = Registry::global().find("attention.extend.wgmma_ws_fp8");
+  ASSERT_TRUE(spec);
+  for (const int64_t d : {64, 128}) {
+    for (const char* dtype : {"bf16", "f16"}) {
+      const Signature sig = test::extend_signature(dtype, "e4m3", d, 8, 16);
+      ASSERT_EQ(Registry::global().select(sig, sm90a)->name, spec->name) << dtype << " d" << d;
+      const auto request = detail::build_request(*spec, sig, sm90a);
+      const auto binary = detail::get_or_compile(request);
+      const auto& lowered = binary->result.lowered_name;
+      EXPECT_NE(lowered.find("NS_4e4m3E"), std::string::npos) << lowered;
+      EXPECT_TRUE(contains(binary->result.binary, lowered)) << dtype << " d" << d;
+      EXPECT_TRUE(detail::backend_for(request.compiler).compile_advisories(binary->result.log).empty()) << dtype << " d" << d;
+    }
+  }
+  EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "e4m3", 128, 8, 16).set_flag("softcap", true), sm90a)->name,
+            "attention.extend.mma_fp8");
+  EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "e4m3", 256, 8, 16), sm90a)->name, "attention.extend.mma_fp8");
+}
+
 // The MoE streaming kernel's large-batch build (MXFP4 with experts averaging at least 96 routed
 // pairs: 144-pair GEMM tiles on sm_90a, the streaming phases' sums after the rings elsewhere) is a
 // binary of its own, on the grouped-GEMM target and on one without them.

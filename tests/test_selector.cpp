@@ -818,14 +818,16 @@ TEST(Selector, PrefillWgmmaOnlyOnSm90a) {
 }
 
 // Chunked prefill over an e4m3 cache runs the mma.sync kernels' e4m3 forms from sm_89 (their cvt
-// to f16 pairs), windows the head-packing one (GPT-OSS's on Hopper the window strip kernel);
-// before sm_89 the reference. Decode beyond the split kernel's 64 rows (32 at head_dim 256) takes
+// to f16 pairs), windows the head-packing one (GPT-OSS's on Hopper the window strip kernel), and
+// on Hopper at head_dim 64 and 128 the warp-specialized kernel's e4m3 form; before sm_89 the
+// reference. Decode beyond the split kernel's 64 rows (32 at head_dim 256) takes
 // the paged prefill kernel's e4m3 form.
 TEST(Selector, E4m3CachesOnTensorCoresBeyondTheSplitDecode) {
   for (const char* arch : {"sm_89", "sm_90a", "sm_100a", "sm_120a"}) {
     const Platform p = platform_for_target(arch);
     for (int64_t d : {64, 128, 256}) {
-      EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "e4m3", d, 8, 16), p)->name, "attention.extend.mma_fp8")
+      EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "e4m3", d, 8, 16), p)->name,
+                std::string(arch) == "sm_90a" && d < 256 ? "attention.extend.wgmma_ws_fp8" : "attention.extend.mma_fp8")
           << arch << " " << d;
     }
     Signature windowed = test::extend_signature("f16", "e4m3", 64, 8, 16);
@@ -847,7 +849,7 @@ TEST(Selector, E4m3CachesOnTensorCoresBeyondTheSplitDecode) {
   // The 16-bit forms turn an e4m3 cache away, and the e4m3 forms a 16-bit one, saying where it goes.
   const Platform sm90a = platform_for_target("sm_90a");
   const std::string why = Registry::global().explain(test::extend_signature("bf16", "e4m3", 128, 8), sm90a).to_text();
-  EXPECT_NE(why.find("e4m3 cache runs on the mma.sync e4m3 kernels"), std::string::npos) << why;
+  EXPECT_NE(why.find("e4m3 cache runs on the _fp8 kernels"), std::string::npos) << why;
   EXPECT_EQ(Registry::global().select(test::extend_signature("bf16", "bf16", 128, 8), sm90a)->name, "attention.extend.wgmma_ws");
   EXPECT_TRUE(Registry::global().find("attention.extend.mma_fp8")->accepts(test::extend_signature("bf16", "bf16", 128, 8)).has_value());
 }

@@ -68,6 +68,7 @@ struct TensorMapRequest {
   uint64_t dims[3] = {1, 1, 1};  // elements, innermost first
   uint64_t strides[2] = {0, 0};  // bytes from one index of dims 1 and 2 to the next (multiples of 16)
   uint32_t box[3] = {1, 1, 1};   // elements per copy, innermost first: box[0] = 64 (128 bytes)
+  bool swizzle_128b = true;      // the copies land in 128-byte swizzle, else as they are (16-bit elements either way)
 
   // A map of dims.size() dimensions (2 or 3): dims and box innermost first, strides for dims 1 on.
   static TensorMapRequest of(size_t params_offset, const void* base, std::initializer_list<uint64_t> dims,

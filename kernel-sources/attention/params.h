@@ -42,8 +42,8 @@ struct KilnPrefillParams {
   // step within a page; key j of sequence b is row j % page_size of page
   // page_table[b * page_table_stride + j / page_size], and the sequence holds cache_seqlens[b]
   // keys (cu_seqlens_k unused). total_k is then the caches' rows (num_pages x page_size) where
-  // their pages can be copied as whole TMA boxes (16-bit caches, pages of at least 8 rows packed
-  // one after the other, 16-byte strides), else 0.
+  // their pages can be copied as whole TMA boxes (pages of at least 8 rows packed one after the
+  // other, 16-byte strides), else 0; kv_element_bytes is then 2, or 1 for an e4m3 cache.
   const int* page_table;
   const int* cache_seqlens;
   long long page_table_stride;
@@ -52,6 +52,7 @@ struct KilnPrefillParams {
   int page_shift;                                 // log2(page_size)
   int q_len;                                      // > 0: q holds q_len rows per sequence, decode's layout (cu_seqlens_q unused)
   float k_scale, v_scale;                         // e4m3 cache: dequantized = stored * scale; else 1
+  int kv_element_bytes;                           // with total_k > 0: bytes of a k and v element (2, or 1 for e4m3)
   KilnTensorMap tensor_maps[kPrefillTensorMaps];  // encoded at launch for kernels that copy by TMA, else unset
 };
 

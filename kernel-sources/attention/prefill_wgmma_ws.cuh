@@ -16,6 +16,12 @@
 // (by each consumer for its own 64 rows at the causal end), only edge blocks are masked; query
 // blocks are visited last-first so the longest start first.
 //
+// An e4m3 cache (Cache = e4m3, head_dim 64 and 128, no soft cap) comes through two staging slots in
+// shared memory, a block ahead: by TMA (a box a page, rows as stored) where pages are whole boxes,
+// else by each producer thread's cp.async of its own 8-byte chunks. The producer threads widen
+// them to T exactly into the stage and arrive on the full barrier after a proxy fence; k_scale
+// joins the scores' scale and v_scale the output's.
+//
 // Keys past the sequence inside its last block arrive by TMA from the next sequence (or as zeros
 // past the tensor). Their scores are masked, but P V would multiply their V rows by P's zeros, and
 // 0 x inf is NaN: that block's V lands on a barrier of its own, the producer warp zeroes the rows,
@@ -23,8 +29,9 @@
 //
 // Launch: grid (ceil(max_seqlen_q / kBlockQ), Hq, batch), block 128 (kConsumers + 1) threads;
 // dynamic shared memory (kBlockQ + 2 kStages x kBlockK) x head_dim x 2 + 1024 + 8 (2 + 4 kStages)
-// bytes; KilnPrefillParams::tensor_maps holds q (boxes of 64 rows), k and v (kBlockK rows, or for
-// paged caches min(page_size, 128)).
+// bytes, with an e4m3 cache 4 x kBlockK x head_dim + 16 more; KilnPrefillParams::tensor_maps
+// holds q (boxes of 64 rows), k and v (kBlockK rows, or for paged caches min(page_size, 128); an
+// e4m3 cache's rows as 16-bit pairs, unswizzled).
 #pragma once
 
 #include "attention/mma_softmax.cuh"
@@ -33,6 +40,7 @@
 #include "common/cp_async.cuh"
 #include "common/prelude.cuh"
 #include "common/tma_sm90.cuh"
+#include "common/vector_memory.cuh"
 #include "common/warp_specialization_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 
@@ -41,7 +49,7 @@ namespace kiln {
 // The kernel's shape per head dimension; the host's launch rule (src/kernels/prefill_kernel.cpp)
 // mirrors it. At head_dim 64 three consumers give more rows per K and V tile where the MMAs are
 // short; at 128 and 256, two fit their 64-row accumulators with room for S and P.
-template <int kHeadDim, bool kPaged>
+template <int kHeadDim, bool kPaged, bool kFp8 = false>
 struct PrefillWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
   enum : int {
@@ -57,10 +65,11 @@ struct PrefillWsShape {
               : kHeadDim == 128 && !kPaged ? 176
                                            : 128,
     // At head_dim 128, 3 stages ran contiguous keys no faster than 2 (bench/RESULTS.md); paged keys
-    // take 3, chosen for the cp.async producer and not measured apart since the page boxes.
-    kStages = kHeadDim == 64              ? 4
-              : kPaged && kHeadDim == 128 ? 3
-                                          : 2,
+    // take 3, chosen for the cp.async producer and not measured apart since the page boxes; an
+    // e4m3 cache 2, its staging area taking the third's room.
+    kStages = kHeadDim == 64                       ? 4
+              : kPaged && kHeadDim == 128 && !kFp8 ? 3
+                                                   : 2,
     kLog2BlockK = kBlockK == 64 ? 6 : 7,  // log2 of a paged block's keys (64 or 128; unused otherwise)
     // The entry count is 65536 / kThreads (168 and 128): 40 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128.
     kProducerRegisters = kHeadDim == 64 ? 32 : 40,
@@ -102,10 +111,12 @@ struct WarpBlockPages {
   }
 };
 
-template <typename T, int kHeadDim, bool kSoftcap, bool kPaged = false>
-__global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
+template <typename T, int kHeadDim, bool kSoftcap, bool kPaged = false, typename Cache = T>
+__global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged, SameType<Cache, e4m3>::value>::kThreads, 1)
     prefill_wgmma_ws(const __grid_constant__ KilnPrefillParams p) {
-  using Shape = PrefillWsShape<kHeadDim, kPaged>;
+  constexpr bool kFp8 = SameType<Cache, e4m3>::value;
+  static_assert(!kFp8 || (kPaged && kHeadDim <= 128 && !kSoftcap), "e4m3 keys: paged, head_dim 64 or 128, no soft cap");
+  using Shape = PrefillWsShape<kHeadDim, kPaged, kFp8>;
   enum : int {
     kConsumers = Shape::kConsumers,
     kBlockQ = Shape::kBlockQ,
@@ -117,21 +128,27 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     kTileBytes = kKAtomBytes * kAtoms,
     kKeyTiles = kBlockK / 8,
     kDTiles = kHeadDim / 8,
-    kChunks = kHeadDim / 8,  // 16-byte chunks per row
-    kProducerThreads = 128,  // paged: all of warpgroup 0 copies
-    kTurnBarrier = 1,        // named barriers kTurnBarrier + consumer: that consumer's turn to issue
+    kChunks = kHeadDim / 8,                        // 16-byte chunks per row
+    kProducerThreads = 128,                        // paged: all of warpgroup 0 copies
+    kTurnBarrier = 1,                              // named barriers kTurnBarrier + consumer: that consumer's turn to issue
+    kProducerBarrier = kTurnBarrier + kConsumers,  // the producer warpgroup's (e4m3 page boxes)
+    kStagingBytes = 2 * kBlockK * kHeadDim,        // e4m3: a staging slot, K's bytes then V's
   };
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const q_tile = align_shared<1024>(shared_raw);
   unsigned char* const k_tiles = q_tile + kQAtomBytes * kAtoms;   // [kStages]
   unsigned char* const v_tiles = k_tiles + kStages * kTileBytes;  // [kStages]
-  // mbarriers: Q's, the partial V block's, then per stage K full, K empty, V full, V empty.
-  const unsigned barriers = shared_address(v_tiles + kStages * kTileBytes);
+  // With an e4m3 cache two staging slots of a K and a V tile's bytes (kStagingBytes each), then
+  // the mbarriers: Q's, the partial V block's, per stage K full, K empty, V full, V empty, and
+  // with an e4m3 cache each staging slot's full.
+  const unsigned staging = shared_address(v_tiles + kStages * kTileBytes);
+  const unsigned barriers = staging + (kFp8 ? 2 * kStagingBytes : 0);
   const unsigned q_full = barriers, tail_full = barriers + 8;
   auto k_full = [&](int stage) { return barriers + 16 + 32 * stage; };
   auto k_empty = [&](int stage) { return barriers + 24 + 32 * stage; };
   auto v_full = [&](int stage) { return barriers + 32 + 32 * stage; };
   auto v_empty = [&](int stage) { return barriers + 40 + 32 * stage; };
+  auto staging_full = [&](int slot) { return barriers + 16 + 32 * kStages + 8 * slot; };
 
   // Through a shuffle so ptxas knows the warpgroup index is warp-uniform: with a plain
   // threadIdx.x / 128 it treats a warpgroup's branches as divergent and serializes their wgmmas.
@@ -149,18 +166,23 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   // waited for K (ncu); warps with nothing to issue would only take issue slots from the consumers.
   static_assert(!kPaged || kBlockK == 1 << Shape::kLog2BlockK, "paged tiles are 2^6 or 2^7 keys");
   // log2 of the copies a tile takes: (kBlockK >> page_shift) boxes a 64-column atom, and kAtoms / 2
-  // is log2(kAtoms) for 1, 2 and 4 atoms.
-  const int tma_issuer_shift = page_boxes ? max(0, min(2, Shape::kLog2BlockK - min(p.page_shift, Shape::kLog2BlockK) + kAtoms / 2 - 2)) : 0;
+  // is log2(kAtoms) for 1, 2 and 4 atoms (an e4m3 row, at most 128 bytes, is one box).
+  const int tma_issuer_shift =
+      page_boxes ? max(0, min(2, Shape::kLog2BlockK - min(p.page_shift, Shape::kLog2BlockK) + (kFp8 ? 0 : kAtoms / 2) - 2)) : 0;
   const int tma_issuers = 1 << tma_issuer_shift;
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     mbarrier_init(tail_full, tma_issuers);
     for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(k_full(stage), kPaged && !page_boxes ? kProducerThreads : tma_issuers);
-      mbarrier_init(v_full(stage), kPaged && !page_boxes ? kProducerThreads : tma_issuers);
+      mbarrier_init(k_full(stage), kPaged && (kFp8 || !page_boxes) ? kProducerThreads : tma_issuers);
+      mbarrier_init(v_full(stage), kPaged && (kFp8 || !page_boxes) ? kProducerThreads : tma_issuers);
       mbarrier_init(k_empty(stage), 4 * kConsumers);  // one arrival per consumer warp
       mbarrier_init(v_empty(stage), 4 * kConsumers);
+    }
+    if (kFp8) {
+      mbarrier_init(staging_full(0), tma_issuers);
+      mbarrier_init(staging_full(1), tma_issuers);
     }
     mbarrier_init_fence();
   }
@@ -180,7 +202,137 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
         }
       }
     }
-    if (kPaged && !page_boxes) {
+    if constexpr (kFp8) {
+      if (page_boxes) {
+        // e4m3 pages TMA copies whole: block i + 1's K and V rows (a box a page, rows as stored)
+        // land in staging slot (i + 1) % 2 while every producer thread widens block i's 16-byte
+        // chunks into the stages (zeros past the sequence); a producer barrier frees the slot.
+        enum : int { kRowChunks = kHeadDim / 16, kWidenSteps = kBlockK * kRowChunks / kProducerThreads };
+        const int issuer = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const bool issuing_warp = issuer < tma_issuers;
+        const int box_rows = min(p.page_size, kBlockK);
+        WarpBlockPages<kBlockK> pages;
+        auto stage_boxes = [&](int i) {
+          const int key0 = (block_start + i) * kBlockK;
+          const int boxes = min(kBlockK / box_rows, ((blk.len_k - 1) >> p.page_shift) - (key0 >> p.page_shift) + 1);
+          const int issued_boxes = boxes > issuer ? ((boxes - 1 - issuer) >> tma_issuer_shift) + 1 : 0;  // by this warp
+          const unsigned slot = staging + (i & 1) * kStagingBytes, full = staging_full(i & 1);
+          if (lane == 0) mbarrier_arrive_expect_tx(full, 2 * issued_boxes * box_rows * kHeadDim);
+          __syncwarp();
+          if (lane < boxes && (lane & (tma_issuers - 1)) == issuer) {
+            const int row = pages.page[0] * p.page_size + (key0 & (p.page_size - 1));
+            tma_load_3d(slot + lane * box_rows * kHeadDim, &p.tensor_maps[kPrefillMapK], full, 0, blk.kv_head, row);
+            tma_load_3d(slot + kStagingBytes / 2 + lane * box_rows * kHeadDim, &p.tensor_maps[kPrefillMapV], full, 0, blk.kv_head, row);
+          }
+        };
+        // A tile's rows from `from` (kHeadDim bytes each) widened into the stage at `tile`, rows
+        // from `valid_rows` on as zeros, then the proxy fence and this thread's arrival on `full`.
+        auto widen_rows = [&](unsigned from, unsigned tile, unsigned full, int valid_rows) {
+#pragma unroll 2
+          for (int j = 0; j < kWidenSteps; ++j) {
+            const int n = threadIdx.x + kProducerThreads * j, r = n / kRowChunks, c = n % kRowChunks;
+            unsigned raw[4];
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[0]), "=r"(raw[1]), "=r"(raw[2]), "=r"(raw[3])
+                         : "r"(from + 16 * n));
+            Bf16x8 v[2];
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+              v[w / 4].w[w % 4] = r < valid_rows ? e4m3x2_to_pair<T>(static_cast<unsigned short>(raw[w / 2] >> (16 * (w % 2)))) : 0u;
+            }
+            store16_shared(tile + swizzle128_tile_offset(r, 2 * c, kKAtomBytes), v[0]);
+            store16_shared(tile + swizzle128_tile_offset(r, 2 * c + 1, kKAtomBytes), v[1]);
+          }
+          fence_async_shared();
+          mbarrier_arrive(full);
+        };
+        if (issuing_warp && num_blocks > 0) {
+          pages.load(p, blk, block_start, lane);
+          stage_boxes(0);
+          if (num_blocks > 1) pages.load(p, blk, block_start + 1, lane);
+        }
+        for (int i = 0; i < num_blocks; ++i) {
+          const int stage = i % kStages;
+          const unsigned phase = (i / kStages) & 1;
+          if (issuing_warp && i + 1 < num_blocks) {
+            stage_boxes(i + 1);
+            if (i + 2 < num_blocks) pages.load(p, blk, block_start + i + 2, lane);
+          }
+          const unsigned slot = staging + (i & 1) * kStagingBytes;
+          const int valid_rows = blk.len_k - (block_start + i) * kBlockK;
+          mbarrier_wait(staging_full(i & 1), (i >> 1) & 1);
+          mbarrier_wait(k_empty(stage), phase ^ 1);
+          widen_rows(slot, shared_address(k_tiles + stage * kTileBytes), k_full(stage), valid_rows);
+          mbarrier_wait(v_empty(stage), phase ^ 1);
+          widen_rows(slot + kStagingBytes / 2, shared_address(v_tiles + stage * kTileBytes), v_full(stage), valid_rows);
+          named_barrier_sync(kProducerBarrier, kProducerThreads);  // slot i % 2 read: block i + 2 may land there
+        }
+        return;
+      }
+      // e4m3 pages TMA cannot copy: each thread copies chunk `chunk` of rows row0 + j kRowStep (8
+      // bytes, K and V of a row together; zeros past the sequence) into its own 8-byte slots of a
+      // staging slot by cp.async, block i + 1's while block i's are widened into the stage. A
+      // thread reads only the staging it copied, so its own cp.async wait orders them.
+      enum : int { kRowStep = kProducerThreads / kChunks, kCopies = kBlockK / kRowStep };
+      static_assert(2 * kCopies * kProducerThreads * 8 == kStagingBytes, "a staging slot holds a thread's copies of a block");
+      const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks, lane = threadIdx.x & 31;
+      const unsigned copy_offset = swizzle128_tile_offset(row0, chunk, kKAtomBytes);
+      static_assert(kRowStep % 8 == 0, "copy steps of whole swizzle groups");
+      const Cache* k_thread = static_cast<const Cache*>(p.k) + blk.kv_head * p.k_head_stride + chunk * 8;
+      const Cache* v_thread = static_cast<const Cache*>(p.v) + blk.kv_head * p.v_head_stride + chunk * 8;
+      // Copy j of K in a slot at j * 1024 + 8 threadIdx.x, of V kCopies * 1024 further.
+      const unsigned own_staging = staging + 8 * threadIdx.x;
+      WarpBlockPages<kBlockK> pages;
+      auto stage_copies = [&](int i) {
+        const unsigned slot = own_staging + (i & 1) * kStagingBytes;
+        const int first = (block_start + i) * kBlockK + row0;
+#pragma unroll 4
+        for (int j = 0; j < kCopies; ++j) {
+          const int key = first + j * kRowStep;
+          const long long page = pages.of(p, key), row = key & (p.page_size - 1);
+          const bool valid = key < blk.len_k;
+          copy8_async_or_zero(slot + j * 1024, k_thread + page * p.k_page_stride + row * p.k_row_stride, valid);
+          copy8_async_or_zero(slot + (kCopies + j) * 1024, v_thread + page * p.v_page_stride + row * p.v_row_stride, valid);
+        }
+        commit_copies();
+      };
+      // Copies `from` .. + kCopies of a slot widened into the tile at `tile`, then a fence for the
+      // async proxy (wgmma reads them) and this thread's arrival on `full`.
+      auto widen = [&](unsigned from, unsigned tile, unsigned full) {
+#pragma unroll 4
+        for (int j = 0; j < kCopies; ++j) {
+          unsigned raw[2];
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "r"(from + j * 1024));
+          Bf16x8 v;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) v.w[w] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw[w / 2] >> (16 * (w % 2))));
+          store16_shared(tile + j * kRowStep * 128, v);
+        }
+        fence_async_shared();
+        mbarrier_arrive(full);
+      };
+      if (num_blocks > 0) {
+        pages.load(p, blk, block_start, lane);
+        stage_copies(0);
+      }
+      if (num_blocks > 1) pages.load(p, blk, block_start + 1, lane);
+      for (int i = 0; i < num_blocks; ++i) {
+        const int stage = i % kStages;
+        const unsigned phase = (i / kStages) & 1;
+        if (i + 1 < num_blocks) {
+          stage_copies(i + 1);
+          if (i + 2 < num_blocks) pages.load(p, blk, block_start + i + 2, lane);
+          wait_copies<1>();  // block i's
+        } else {
+          wait_copies<0>();
+        }
+        const unsigned slot = own_staging + (i & 1) * kStagingBytes;
+        mbarrier_wait(k_empty(stage), phase ^ 1);
+        widen(slot, shared_address(k_tiles + stage * kTileBytes) + copy_offset, k_full(stage));
+        mbarrier_wait(v_empty(stage), phase ^ 1);
+        widen(slot + kCopies * 1024, shared_address(v_tiles + stage * kTileBytes) + copy_offset, v_full(stage));
+      }
+    } else if (kPaged && !page_boxes) {
       // Pages TMA cannot copy: each thread copies chunk `chunk` of rows row0 + j kRowStep, K and V
       // of a row together. Rows past the sequence are zero-filled. The next block's page-table
       // entries load while this block copies.
@@ -311,6 +463,8 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
   float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8; log2 domain
   float factor[2];
   bool rescale = false;  // O must take `factor` before the next P V (online_softmax_probabilities<kLazy>)
+  // With an e4m3 cache k_scale joins the scores' scale (a lambda, so 16-bit caches keep the plain one).
+  const auto logit_scale = [&] { return kFp8 ? pending_logit_scale<kSoftcap>(p) * p.k_scale : pending_logit_scale<kSoftcap>(p); };
 
   auto issue_qk = [&](int i) {
     wgmma_ss_k_major<T, kBlockK, kHeadDim>(s, q_address, kQAtomBytes, shared_address(k_tiles + (i % kStages) * kTileBytes), kKAtomBytes);
@@ -328,7 +482,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     const bool edge = key0 + kBlockK > blk.len_k || (blk.upper_bound && key0 + kBlockK - 1 > warp_row0 + blk.shift) ||
                       (p.window_left >= 0 && key0 < warp_row0 + 15 + blk.shift - p.window_left);
     cap_and_mask_scores<kSoftcap>(s, p, edge, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-    rescale = online_softmax_probabilities<true, true>(s, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+    rescale = online_softmax_probabilities<true, true>(s, m_row, l_row, logit_scale(), factor);
   };
 
   // Under causal masking this consumer's rows may end before the CTA's last key block starts (the
@@ -403,7 +557,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
       release(k_empty(last % kStages));
       const int key0 = (block_start + last) * kBlockK;
       cap_and_mask_scores<kSoftcap>(s_narrow, p, key0 + kNarrowK > blk.len_k, row_lo, blk.shift, blk.len_k, key0 + 2 * c);
-      rescale = online_softmax_probabilities<true, true>(s_narrow, m_row, l_row, pending_logit_scale<kSoftcap>(p), factor);
+      rescale = online_softmax_probabilities<true, true>(s_narrow, m_row, l_row, logit_scale(), factor);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       release(v_empty((last - 1) % kStages));
@@ -441,7 +595,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged>::kThreads, 1)
     const int r = g + 8 * half;
     float m_nat, l, scale_o;
     finish_prefill_row(p, m_row, l_row, half, blk.head, m_nat, l, scale_o);
-    const float inv = row_inverse(l, scale_o);
+    const float inv = row_inverse(l, scale_o) * (kFp8 ? p.v_scale : 1.0f);
     if (p.lse != nullptr && c == 0 && row_lo + 8 * half < blk.len_q) {
       p.lse[(blk.q_begin + row_lo + 8 * half) * p.lse_row_stride + blk.head] = row_lse(m_nat, l);
     }

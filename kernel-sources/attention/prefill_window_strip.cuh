@@ -55,14 +55,6 @@
 
 namespace kiln {
 
-// Two e4m3 values (low byte first) as a pair of T, exactly.
-template <typename T>
-__device__ __forceinline__ unsigned e4m3x2_to_pair(unsigned short pair) {
-  const unsigned h = e4m3x2_to_f16x2(pair);
-  if (SameType<T, f16>::value) return h;
-  return pack2<T>(to_float(f16{static_cast<u16>(h & 0xffffu)}), to_float(f16{static_cast<u16>(h >> 16)}));
-}
-
 template <typename T, bool kPaged = false, typename Cache = T>
 __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(const __grid_constant__ KilnPrefillParams p) {
   constexpr bool kFp8 = SameType<Cache, e4m3>::value;

@@ -16,6 +16,10 @@ __device__ __forceinline__ void copy4_async_or_zero(unsigned smem, const void* g
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(smem), "l"(global), "r"(valid ? 4 : 0), "l"(policy)
                : "memory");
 }
+// 8 bytes (8-byte aligned), the same way.
+__device__ __forceinline__ void copy8_async_or_zero(unsigned smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem), "l"(global), "r"(valid ? 8 : 0) : "memory");
+}
 // 16 bytes from global to shared memory, or 16 zero bytes when `valid` is false. The overloads
 // taking an unsigned take a shared-window address (shared_address), which a loop can keep instead
 // of converting a generic pointer on every call.

@@ -61,6 +61,15 @@ struct SameType<A, A> {
   enum { value = 1 };
 };
 
+// Two e4m3 values (low byte first) as a packed pair of the 16-bit type T, exactly (sm_89 and newer):
+// f16 holds every e4m3 value, and bf16 too, reached through f32.
+template <typename T>
+__device__ __forceinline__ unsigned e4m3x2_to_pair(unsigned short pair) {
+  const unsigned h = e4m3x2_to_f16x2(pair);
+  if (SameType<T, f16>::value) return h;
+  return pack2<T>(to_float(f16{static_cast<u16>(h & 0xffffu)}), to_float(f16{static_cast<u16>(h >> 16)}));
+}
+
 // The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache
 // (whose values f16 holds exactly; bf16 queries are converted).
 template <typename T, typename Cache>

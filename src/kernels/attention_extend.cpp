@@ -19,12 +19,30 @@ using detail::PrefillInput;
 KILN_REGISTER_KERNEL(attention_extend_reference) { return detail::prefill_reference_spec(true); }
 KILN_REGISTER_KERNEL(attention_extend_reference_amd) { return detail::amd_registration(detail::prefill_reference_spec(true)); }
 
-KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) {
-  detail::PrefillKernel k = detail::wgmma_ws_kernel("attention.extend.wgmma_ws");
+namespace {
+
+detail::PrefillKernel extend_wgmma_ws(const char* name) {
+  detail::PrefillKernel k = detail::wgmma_ws_kernel(name);
   k.input = PrefillInput::kPagedExtend;
   k.stages = 3;          // at head_dim 128 (PrefillWsShape)
   k.key_rows_d128 = 0;   // 128-key blocks, as at head_dim 64
   k.key_rows_d256 = 64;  // paged blocks are powers of two (PrefillWsShape)
+  return k;
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(attention_extend_wgmma_ws) { return detail::prefill_kernel(extend_wgmma_ws("attention.extend.wgmma_ws")); }
+
+// Over an e4m3 cache: the producer widens each block's rows to the queries' type through a staging
+// area of two blocks (PrefillWsShape), at head_dim 64 and 128, without a soft cap.
+KILN_REGISTER_KERNEL(attention_extend_wgmma_ws_fp8) {
+  detail::PrefillKernel k = extend_wgmma_ws("attention.extend.wgmma_ws_fp8");
+  k.e4m3_cache = true;
+  k.stages = 2;  // at head_dim 128: the staging area takes the third stage's room
+  k.staging_slots = 2;
+  k.key_rows_d256 = 0;
+  k.softcap = false;
   return detail::prefill_kernel(k);
 }
 

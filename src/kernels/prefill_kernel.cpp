@@ -41,7 +41,7 @@ std::optional<std::string> check_paged(const Signature& sig, bool e4m3_cache) {
     return fmt::format("kv_dtype {} unsupported (supported: e4m3; a 16-bit cache runs on the other paged kernels)", sig.get("kv_dtype"));
   }
   if (!e4m3_cache && sig.get("kv_dtype") != sig.get("dtype")) {
-    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the mma.sync e4m3 kernels from sm_89)",
+    return fmt::format("kv_dtype {} unsupported (supported: the same as dtype; an e4m3 cache runs on the _fp8 kernels from sm_89)",
                        sig.get("kv_dtype"));
   }
   return std::nullopt;
@@ -77,7 +77,21 @@ std::vector<TensorMapRequest> prefill_tensor_maps(const KilnPrefillParams& p, in
   };
   std::vector<TensorMapRequest> maps;
   maps.push_back(map(kPrefillMapQ, p.q, p.num_heads_q, p.total_q, p.q_row_stride, p.q_head_stride, q_heads, q_rows));
-  if (p.total_k > 0) {
+  if (p.total_k > 0 && p.kv_element_bytes == 1) {
+    // An e4m3 cache: rows of head_dim bytes as 16-bit pairs, one box a row, unswizzled (the
+    // kernel widens them itself).
+    auto bytes_map = [&](int slot, const void* base, long long row_stride, long long head_stride) {
+      TensorMapRequest m = TensorMapRequest::of(
+          offsetof(KilnPrefillParams, tensor_maps) + slot * sizeof(KilnTensorMap), base,
+          {static_cast<uint64_t>(p.head_dim / 2), static_cast<uint64_t>(p.num_heads_kv), static_cast<uint64_t>(p.total_k)},
+          {static_cast<uint64_t>(head_stride), static_cast<uint64_t>(row_stride)},
+          {static_cast<uint32_t>(std::min(p.head_dim / 2, 64)), 1, static_cast<uint32_t>(key_rows)});
+      m.swizzle_128b = false;
+      return m;
+    };
+    maps.push_back(bytes_map(kPrefillMapK, p.k, p.k_row_stride, p.k_head_stride));
+    maps.push_back(bytes_map(kPrefillMapV, p.v, p.v_row_stride, p.v_head_stride));
+  } else if (p.total_k > 0) {
     maps.push_back(map(kPrefillMapK, p.k, p.num_heads_kv, p.total_k, p.k_row_stride, p.k_head_stride, 1, key_rows));
     maps.push_back(map(kPrefillMapV, p.v, p.num_heads_kv, p.total_k, p.v_row_stride, p.v_head_stride, 1, key_rows));
   } else {
@@ -102,9 +116,11 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
   const bool windows_only = k.windows_only;
   const PrefillInput input = k.input;
   const int min_page_size = k.min_page_size;
-  const bool head_dim_256 = k.key_rows_d256 > 0, e4m3_cache = k.e4m3_cache;
-  spec.accepts = [windows_only, input, min_page_size, head_dim_256, e4m3_cache](const Signature& sig) -> std::optional<std::string> {
+  const bool head_dim_256 = k.key_rows_d256 > 0, e4m3_cache = k.e4m3_cache, softcap = k.softcap;
+  spec.accepts = [windows_only, input, min_page_size, head_dim_256, e4m3_cache,
+                  softcap](const Signature& sig) -> std::optional<std::string> {
     if (auto why = check_16bit_dtype(sig)) return why;
+    if (!softcap && sig.get_int("softcap") != 0) return std::string("softcap unsupported (supported: 0)");
     if (input == PrefillInput::kPagedDecode) {
       // One new token per sequence is the split decode kernels' work.
       if (sig.get_int("q_len") < 2) return std::string("q_len 1 unsupported (supported: 2 to 16)");
@@ -147,7 +163,9 @@ KernelSpec prefill_kernel(const PrefillKernel& k) {
     const int stages = stages_of(k, p.head_dim);
     shape.dynamic_shared_bytes = static_cast<uint32_t>((rows + 2 * stages * key_rows_of(k, p.head_dim)) * p.head_dim * 2) + k.alignment;
     if (k.producer_warpgroup) {
-      shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * (2 + 4 * stages));
+      // e4m3 staging slots (a K and a V tile's bytes) and their full barriers.
+      shape.dynamic_shared_bytes +=
+          static_cast<uint32_t>(8 * (2 + 4 * stages) + k.staging_slots * (2 * key_rows_of(k, p.head_dim) * p.head_dim + 8));
     } else if (k.tma) {
       shape.dynamic_shared_bytes += static_cast<uint32_t>(8 * stages);
     }

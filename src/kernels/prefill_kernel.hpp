@@ -48,6 +48,8 @@ struct PrefillKernel {
   int key_align = 1;                // blocks moved back to start keys on multiples of it (prefill_block_extent)
   PrefillInput input = PrefillInput::kContiguous;
   bool e4m3_cache = false;  // paged: reads e4m3 caches (kv_dtype e4m3) instead of the queries' type
+  int staging_slots = 0;    // e4m3 producer: shared-memory slots of one K and one V tile's e4m3 bytes
+  bool softcap = true;      // accepts a soft cap
 };
 
 KernelSpec prefill_kernel(const PrefillKernel& k);

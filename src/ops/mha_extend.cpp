@@ -70,14 +70,18 @@ void mha_extend_with_kvcache(const MhaExtendArgs& a, Stream stream) {
   p.causal = a.causal ? 1 : 0;
   p.total_q = static_cast<int>(a.q.size(0));
   while ((1 << p.page_shift) < p.page_size) ++p.page_shift;
-  // Pages a TMA box of page_size 16-bit rows can copy: the caches as one tensor of num_pages x
-  // page_size rows (the kernels that copy e4m3 caches gather them).
+  // Pages a TMA box of page_size rows can copy: the caches as one tensor of num_pages x page_size
+  // rows (the kernels that widen e4m3 caches through registers gather them all the same).
+  const int64_t element_bytes = dtype_size(a.k_cache.dtype);
   auto whole_pages = [&](const TensorView& cache) {
-    return dtype_size(cache.dtype) == 2 && cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * 2 % 16 == 0 &&
-           cache.stride(2) * 2 % 16 == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && cache.size(0) * cache.size(1) <= INT32_MAX;
+    return cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * element_bytes % 16 == 0 &&
+           cache.stride(2) * element_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 &&
+           cache.size(0) * cache.size(1) <= INT32_MAX;
   };
-  if (p.page_size >= 8 && whole_pages(a.k_cache) && whole_pages(a.v_cache))
+  if (p.page_size >= 8 && whole_pages(a.k_cache) && whole_pages(a.v_cache)) {
     p.total_k = static_cast<int>(a.k_cache.size(0) * a.k_cache.size(1));
+    p.kv_element_bytes = static_cast<int>(element_bytes);
+  }
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{detail::extend_signature_table().call_key(a),
                             [](const void* x) { return signature_of(*static_cast<const MhaExtendArgs*>(x)); },

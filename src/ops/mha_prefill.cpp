@@ -114,6 +114,7 @@ void mha_prefill(const MhaPrefillArgs& a, Stream stream) {
   p.softcap = a.softcap;
   p.total_q = static_cast<int>(a.q.size(0));
   p.total_k = static_cast<int>(a.k.size(0));
+  p.kv_element_bytes = 2;
   if (a.q.numel() == 0) return;  // nothing to compute
   detail::OperatorCall call{detail::prefill_signature_table().call_key(a),
                             [](const void* x) { return signature_of(*static_cast<const MhaPrefillArgs*>(x)); },

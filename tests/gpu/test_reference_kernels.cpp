@@ -1282,6 +1282,30 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                        .page_gap = page == 8 ? 3 : 0});
     }
   }
+  // e4m3 caches on the warp-specialized kernel over long prefixes: tens of blocks a CTA, so the
+  // stage rings and both staging slots go round many times; pages gathered (one-row, gapped) and
+  // pages TMA copies whole (16 and 64 rows).
+  struct LongCase {
+    int d, page, gap;
+  };
+  int g = 0;
+  for (const LongCase& lc : std::vector<LongCase>{{64, 1, 0}, {128, 16, 3}, {128, 16, 0}, {64, 64, 0}}) {
+    ++g;
+    cases.push_back({.dtype = g % 2 == 1 ? DType::kF16 : DType::kBF16,
+                     .fp8 = true,
+                     .d = lc.d,
+                     .hq = 16,
+                     .hkv = 2,
+                     .page_size = lc.page,
+                     .lens_q = {300, 64, 1},
+                     .lens_k = {300 + 4100, 64 + 1000, 1 + 2000},
+                     .causal = g != 1,
+                     .window = -1,
+                     .sinks = g % 2 == 1,
+                     .softcap = 0,
+                     .append = g == 3,
+                     .page_gap = lc.gap});
+  }
   // GPT-OSS's sliding layers (the window strip kernel), over pages TMA copies whole and over pages
   // it gathers (under 8 rows, or with gaps between them): prefixes of every residue mod 8 (its
   // steps move back to start on multiples of 8 keys), the last step's keys ending inside a block
@@ -1321,9 +1345,9 @@ TEST_F(Gpu, ExtendKernelsMatchFloat64) {
                      .page_gap = strip.gap});
   }
   const OperatorId extend{kFamilyAttention, kModeExtend};
-  for (const char* kernel :
-       {"attention.extend.window_strip", "attention.extend.wgmma_ws", "attention.extend.wgmma_window", "attention.extend.mma",
-        "attention.extend.mma_window", "attention.extend.mma_fp8", "attention.extend.mma_window_fp8", "attention.extend.reference"}) {
+  for (const char* kernel : {"attention.extend.window_strip", "attention.extend.wgmma_ws", "attention.extend.wgmma_ws_fp8",
+                             "attention.extend.wgmma_window", "attention.extend.mma", "attention.extend.mma_window",
+                             "attention.extend.mma_fp8", "attention.extend.mma_window_fp8", "attention.extend.reference"}) {
     Registry::global().set_override(extend, kernel);
     int ran = 0;
     for (const auto& c : cases) {

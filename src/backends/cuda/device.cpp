@@ -172,10 +172,10 @@ void encode_tensor_map(const TensorMapRequest& map, void* slot, const std::strin
   const cuuint64_t strides[2] = {map.strides[0], map.strides[1]};
   const cuuint32_t box[3] = {map.box[0], map.box[1], map.box[2]};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult result =
-      KILN_CU_FN(cuTensorMapEncodeTiled)(static_cast<CUtensorMap*>(slot), CU_TENSOR_MAP_DATA_TYPE_UINT16, map.rank,
-                                         const_cast<void*>(map.base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result = KILN_CU_FN(cuTensorMapEncodeTiled)(
+      static_cast<CUtensorMap*>(slot), CU_TENSOR_MAP_DATA_TYPE_UINT16, map.rank, const_cast<void*>(map.base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, map.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     throw Error(
         ErrorCode::kDriverError,
