@@ -204,9 +204,10 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged, SameType<Cach
     }
     if constexpr (kFp8) {
       if (page_boxes) {
-        // e4m3 pages TMA copies whole: block i + 1's K and V rows (a box a page, rows as stored)
-        // land in staging slot (i + 1) % 2 while every producer thread widens block i's 16-byte
-        // chunks into the stages (zeros past the sequence); a producer barrier frees the slot.
+        // e4m3 pages TMA copies whole: block i's K and V rows (a box a page, rows as stored) land
+        // in staging slot i % 2, and every producer thread widens their 16-byte chunks into the
+        // stages (zeros past the sequence); once a block's V is widened, a producer barrier frees
+        // its slot for block i + 2.
         enum : int { kRowChunks = kHeadDim / 16, kWidenSteps = kBlockK * kRowChunks / kProducerThreads };
         const int issuer = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const bool issuing_warp = issuer < tma_issuers;
@@ -246,26 +247,35 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged, SameType<Cach
           fence_async_shared();
           mbarrier_arrive(full);
         };
+        // Block i + 1's K is widened before block i's V: its stage frees as soon as the consumers'
+        // Q K^T of block i - 1 has read it, V's only once their P V of block i - 2 has, so the
+        // consumers' next Q K^T need not wait for this block's V.
         if (issuing_warp && num_blocks > 0) {
           pages.load(p, blk, block_start, lane);
           stage_boxes(0);
-          if (num_blocks > 1) pages.load(p, blk, block_start + 1, lane);
-        }
-        for (int i = 0; i < num_blocks; ++i) {
-          const int stage = i % kStages;
-          const unsigned phase = (i / kStages) & 1;
-          if (issuing_warp && i + 1 < num_blocks) {
-            stage_boxes(i + 1);
-            if (i + 2 < num_blocks) pages.load(p, blk, block_start + i + 2, lane);
+          if (num_blocks > 1) {
+            pages.load(p, blk, block_start + 1, lane);
+            stage_boxes(1);
+            if (num_blocks > 2) pages.load(p, blk, block_start + 2, lane);
           }
-          const unsigned slot = staging + (i & 1) * kStagingBytes;
-          const int valid_rows = blk.len_k - (block_start + i) * kBlockK;
+        }
+        auto widen_k = [&](int i) {
           mbarrier_wait(staging_full(i & 1), (i >> 1) & 1);
-          mbarrier_wait(k_empty(stage), phase ^ 1);
-          widen_rows(slot, shared_address(k_tiles + stage * kTileBytes), k_full(stage), valid_rows);
-          mbarrier_wait(v_empty(stage), phase ^ 1);
-          widen_rows(slot + kStagingBytes / 2, shared_address(v_tiles + stage * kTileBytes), v_full(stage), valid_rows);
+          mbarrier_wait(k_empty(i % kStages), ((i / kStages) & 1) ^ 1);
+          widen_rows(staging + (i & 1) * kStagingBytes, shared_address(k_tiles + (i % kStages) * kTileBytes), k_full(i % kStages),
+                     blk.len_k - (block_start + i) * kBlockK);
+        };
+        if (num_blocks > 0) widen_k(0);
+        for (int i = 0; i < num_blocks; ++i) {
+          if (i + 1 < num_blocks) widen_k(i + 1);
+          mbarrier_wait(v_empty(i % kStages), ((i / kStages) & 1) ^ 1);
+          widen_rows(staging + (i & 1) * kStagingBytes + kStagingBytes / 2, shared_address(v_tiles + (i % kStages) * kTileBytes),
+                     v_full(i % kStages), blk.len_k - (block_start + i) * kBlockK);
           named_barrier_sync(kProducerBarrier, kProducerThreads);  // slot i % 2 read: block i + 2 may land there
+          if (issuing_warp && i + 2 < num_blocks) {
+            stage_boxes(i + 2);
+            if (i + 3 < num_blocks) pages.load(p, blk, block_start + i + 3, lane);
+          }
         }
         return;
       }
