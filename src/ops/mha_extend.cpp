@@ -71,7 +71,7 @@ void mha_extend_with_kvcache(const MhaExtendArgs& a, Stream stream) {
   p.total_q = static_cast<int>(a.q.size(0));
   while ((1 << p.page_shift) < p.page_size) ++p.page_shift;
   // Pages a TMA box of page_size rows can copy: the caches as one tensor of num_pages x page_size
-  // rows (the kernels that widen e4m3 caches through registers gather them all the same).
+  // rows (the window strip and mma.sync kernels gather e4m3 caches all the same).
   const int64_t element_bytes = dtype_size(a.k_cache.dtype);
   auto whole_pages = [&](const TensorView& cache) {
     return cache.stride(0) == cache.size(1) * cache.stride(1) && cache.stride(1) * element_bytes % 16 == 0 &&
