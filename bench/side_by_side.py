@@ -228,10 +228,12 @@ def prefill_case(kiln, name, B, S, Hq, Hkv, D, causal, window, sinks, l2, quick)
     return row
 
 
-def extend_case(kiln, name, B, prefix, new, Hq, Hkv, D, page, window, sinks, l2, quick):
+def extend_case(kiln, name, B, prefix, new, Hq, Hkv, D, page, window, sinks, l2, quick, fp8=False):
     """Causal extend: `new` tokens per sequence after a `prefix` already in a paged cache, against
     kiln's own contiguous prefill and SDPA on the same math (queries aligned bottom-right), both with
-    K and V contiguous."""
+    K and V contiguous. fp8: kiln reads an e4m3 cache (per-tensor scales); its contiguous prefill and
+    SDPA, which have no fp8 KV path, the bf16 K and V a user would otherwise keep, holding the same
+    values."""
     S = prefix + new
     pairs = sum(min(S, i + 1) - max(0, i - window) if window >= 0 else i + 1 for i in range(prefix, S))
     flops = 4.0 * D * Hq * B * pairs
@@ -239,15 +241,22 @@ def extend_case(kiln, name, B, prefix, new, Hq, Hkv, D, page, window, sinks, l2,
     n = sets_for(2 * (2 * B * new * Hq * D + 2 * B * S * Hkv * D), l2)
     g = torch.Generator(device="cuda").manual_seed(17)
     sets = []
+    scale = 0.25  # fp8: the cache holds the values / scale in e4m3
     for _ in range(n):
         q = torch.randn(B * new, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(B * S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         pt = torch.randperm(B * pages_per_seq, device="cuda", generator=g).to(torch.int32).view(B, pages_per_seq)
-        kc = torch.zeros(B * pages_per_seq * page, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        kc = torch.zeros(B * pages_per_seq * page, Hkv, D, device="cuda", dtype=cache_dtype)
         vc = torch.zeros_like(kc)
         slots = (pt.long()[:, :, None] * page + torch.arange(page, device="cuda")).view(B, -1)[:, :S].reshape(-1)
-        kc[slots], vc[slots] = k, v
+        if fp8:
+            k8, v8 = (k.float() / scale).to(cache_dtype), (v.float() / scale).to(cache_dtype)
+            k, v = (k8.float() * scale).to(torch.bfloat16), (v8.float() * scale).to(torch.bfloat16)  # exact
+            kc[slots], vc[slots] = k8, v8
+        else:
+            kc[slots], vc[slots] = k, v
         sets.append((q, k, v, pt, kc.view(-1, page, Hkv, D), vc.view(-1, page, Hkv, D), torch.full_like(q, float("nan")),
                      torch.full_like(q, float("nan"))))
     cu_q = torch.arange(0, (B + 1) * new, new, device="cuda", dtype=torch.int32)
@@ -258,7 +267,7 @@ def extend_case(kiln, name, B, prefix, new, Hq, Hkv, D, page, window, sinks, l2,
     for q, k, v, pt, kc, vc, out, out_pre in sets:
         ts = [kt(q), kt(kc), kt(vc), kt(pt), kt(lens), kt(cu_q), kt(out), kt(sink_t), kt(k), kt(v), kt(cu_k), kt(out_pre)]
         ext.append(ExtendArgs(ref(ts[0]), ref(ts[1]), ref(ts[2]), ref(ts[3]), ref(ts[4]), ref(ts[5]), ref(ts[6]), new, None, ref(ts[7]),
-                              0.0, 0.0, 1, window, 1.0, 1.0))
+                              0.0, 0.0, 1, window, scale if fp8 else 1.0, scale if fp8 else 1.0))
         pre.append(PrefillArgs(ref(ts[0]), ref(ts[8]), ref(ts[9]), ref(ts[11]), ref(ts[5]), ref(ts[10]), new, S, None, ref(ts[7]),
                                0.0, 0.0, 1, window))
         kiln.keep.append(ts)
@@ -683,12 +692,14 @@ def main():
         ("gpt-oss window 128 prefix 4100 +4096 p16", 1, 4100, 4096, 64, 8, 64, 16, 128, True),
         ("d128 prefix 4096 +4096 p16", 1, 4096, 4096, 32, 8, 128, 16, -1, False),
         ("gemma-3 d256 prefix 4096 +4096 p16", 1, 4096, 4096, 16, 8, 256, 16, -1, False),
+        ("d128 prefix 4096 +4096 p16 fp8", 1, 4096, 4096, 32, 8, 128, 16, -1, False, True),
+        ("gpt-oss prefix 4096 +4096 p64 fp8", 1, 4096, 4096, 64, 8, 64, 64, -1, False, True),
     ]
     for c in extend_cases if args.only in (None, "extend") else ():
         if args.extend_shapes and not any(part in c[0] for part in args.extend_shapes.split(",")):
             continue
         settle(rows)
-        rows.append(extend_case(kiln, *c, l2=l2, quick=args.quick))
+        rows.append(extend_case(kiln, *c[:10], l2=l2, quick=args.quick, fp8=len(c) > 10 and c[10]))
         print(json.dumps(rows[-1]), flush=True)
     for name, T, Hkv, D, page in (("T4096 8x128 p16", 4096, 8, 128, 16), ("T4096 8x64 p1", 4096, 8, 64, 1),
                                   ("T4096 8x128 p64", 4096, 8, 128, 64)) if args.only in (None, "append") else ():
