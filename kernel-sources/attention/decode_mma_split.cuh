@@ -248,10 +248,7 @@ __global__ void __maxnreg__((DecodeRegisterCap<Cache, kHeadDim>::value)) decode_
           const unsigned char* row = k_tile + (8 * n + g) * Layout::kKRowBytes + 32 * m + 8 * c;
           unsigned raw[2];
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "r"(shared_address(row)));
-          kw.w[0] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[0] & 0xffffu));
-          kw.w[1] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[0] >> 16));
-          kw.w[2] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[1] & 0xffffu));
-          kw.w[3] = e4m3x2_to_f16x2(static_cast<unsigned short>(raw[1] >> 16));
+          kw = e4m3x8_to_pairs<f16>(raw[0], raw[1]);
         } else {
           kw = load16_shared(k_tile + (8 * n + g) * Layout::kKRowBytes + 2 * (32 * m + 8 * c));
         }

@@ -182,8 +182,7 @@ __device__ __forceinline__ void prefill_mma_cta(const KilnPrefillParams& p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const unsigned lo = raw.w[2 * half], hi = raw.w[2 * half + 1];
-          store16_shared(to + swizzled(row, 2 * chunk + half, kChunks), Bf16x8{{e4m3x2_to_f16x2(lo & 0xffffu), e4m3x2_to_f16x2(lo >> 16),
-                                                                                e4m3x2_to_f16x2(hi & 0xffffu), e4m3x2_to_f16x2(hi >> 16)}});
+          store16_shared(to + swizzled(row, 2 * chunk + half, kChunks), e4m3x8_to_pairs<f16>(lo, hi));
         }
       }
       __syncthreads();  // every f16 row is in place before any warp reads the tiles

@@ -313,10 +313,7 @@ __global__ void __launch_bounds__(PrefillWsShape<kHeadDim, kPaged, SameType<Cach
         for (int j = 0; j < kCopies; ++j) {
           unsigned raw[2];
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "r"(from + j * 1024));
-          Bf16x8 v;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) v.w[w] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw[w / 2] >> (16 * (w % 2))));
-          store16_shared(tile + j * kRowStep * 128, v);
+          store16_shared(tile + j * kRowStep * 128, e4m3x8_to_pairs<T>(raw[0], raw[1]));
         }
         fence_async_shared();
         mbarrier_arrive(full);

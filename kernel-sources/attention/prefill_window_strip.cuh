@@ -151,11 +151,7 @@ __global__ void __launch_bounds__(kWindowStripThreads, 2) prefill_window_strip(c
     return page >= 0 ? __ldg(reinterpret_cast<const uint2*>(chunk_from(first_block, n, page))) : make_uint2(0, 0);
   };
   auto store_widened = [&](int first_block, int n, uint2 raw) {
-    Bf16x8 v;
-    v.w[0] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.x & 0xffffu));
-    v.w[1] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.x >> 16));
-    v.w[2] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.y & 0xffffu));
-    v.w[3] = e4m3x2_to_pair<T>(static_cast<unsigned short>(raw.y >> 16));
+    const Bf16x8 v = e4m3x8_to_pairs<T>(raw.x, raw.y);
     const unsigned to = chunk_to(first_block, n);
     store16_shared(to, v);
     if (chunk_twice(first_block, n)) store16_shared(to + kRingBlocks * kBlockBytes, v);

@@ -4,6 +4,7 @@
 
 #include "common/prelude.cuh"
 #include "common/shared_address.cuh"
+#include "common/vector_memory.cuh"
 
 namespace kiln {
 
@@ -68,6 +69,13 @@ __device__ __forceinline__ unsigned e4m3x2_to_pair(unsigned short pair) {
   const unsigned h = e4m3x2_to_f16x2(pair);
   if (SameType<T, f16>::value) return h;
   return pack2<T>(to_float(f16{static_cast<u16>(h & 0xffffu)}), to_float(f16{static_cast<u16>(h >> 16)}));
+}
+
+// Eight e4m3 values (two words, low byte first) as four packed pairs of T, exactly.
+template <typename T>
+__device__ __forceinline__ Bf16x8 e4m3x8_to_pairs(unsigned lo, unsigned hi) {
+  return Bf16x8{{e4m3x2_to_pair<T>(static_cast<unsigned short>(lo & 0xffffu)), e4m3x2_to_pair<T>(static_cast<unsigned short>(lo >> 16)),
+                 e4m3x2_to_pair<T>(static_cast<unsigned short>(hi & 0xffffu)), e4m3x2_to_pair<T>(static_cast<unsigned short>(hi >> 16))}};
 }
 
 // The type the tensor cores multiply in: the cache's own 16-bit type, or f16 for an e4m3 cache
